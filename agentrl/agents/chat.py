@@ -1,0 +1,71 @@
+"""A generic multi-turn chat agent: observation in as a user message, reply out as the action."""
+
+from __future__ import annotations
+
+from agentrl.envs.base import Env
+from agentrl.llm.conversation import Conversation
+from agentrl.llm.engine import LLMClient, SamplingParams
+from agentrl.registry import register_agent
+from agentrl.rollout.trajectory import Task, Trajectory
+
+
+class ChatAgent:
+    """Instructions + first observation as the first user message, each later observation as
+    the next user message, until the env terminates or truncates or `max_turns` is reached.
+
+    A reply cut off at `max_new_tokens` (no EOS) is handed to the env as an empty reply, so it
+    earns the format penalty: otherwise the policy learns to ramble until the budget runs out.
+    """
+
+    def __init__(self, tokenizer, sampling: SamplingParams, max_turns: int,
+                 system_prompt: str | None = None) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.max_turns = max_turns
+        self.system_prompt = system_prompt
+        self.eos_token_ids = (tokenizer.eos_token_id,)
+
+    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
+        """Play one episode of `env` seeded by the task."""
+        obs, reset_info = await env.reset(seed=task.env_seed)
+        conv = Conversation(self.tokenizer)
+        if self.system_prompt:
+            conv.add_message("system", self.system_prompt)
+        conv.add_message("user", f"{env.instructions}\n{obs}")
+        info: dict = {"success": False, "truncated_replies": 0, "invalid_actions": 0}
+        terminated = truncated = False
+        for turn in range(self.max_turns):
+            sampling = self._sampling(task, turn)
+            completion = await llm.generate(conv.prompt_ids(), sampling)
+            reply = conv.add_completion(completion, self.eos_token_ids)
+            if completion.finish_reason != "stop":
+                info["truncated_replies"] += 1
+                reply = ""
+            obs, reward, terminated, truncated, step_info = await env.step(reply)
+            conv.set_turn_reward(reward)
+            info["invalid_actions"] += int(not step_info.get("action_valid", True))
+            if terminated or truncated:
+                info.update(step_info)
+                break
+            conv.add_message("user", obs)
+        info["success"] = bool(info.get("success", False))
+        info["terminated"], info["truncated"] = bool(terminated), not terminated
+        info["turns"] = len(conv.rewards)
+        if "optimal_success" in reset_info:
+            info["optimal_success"] = reset_info["optimal_success"]
+        if "map" in reset_info:
+            info["map"] = reset_info["map"]
+        return Trajectory(conv.token_ids, conv.loss_mask, conv.logprobs, conv.versions, conv.rewards,
+                          conv.reward_positions, task.group_id, task.env_seed, info)
+
+    def _sampling(self, task: Task, turn: int) -> SamplingParams:
+        s = self.sampling
+        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                              max_new_tokens=s.max_new_tokens, greedy=task.greedy or s.greedy,
+                              stop_token_ids=s.stop_token_ids,
+                              seed=(task.sampling_seed * 1_000_003 + turn) % (1 << 63))
+
+
+register_agent("chat", ChatAgent)

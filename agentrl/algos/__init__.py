@@ -1,0 +1,1 @@
+"""Pure functions on (batch, tokens) tensors: advantages and losses."""

@@ -1,0 +1,473 @@
+"""The experiment schema: typed dataclasses, YAML loading, key=value overrides, validation.
+
+One schema, defined once here: a YAML file only overrides these defaults, and so does each
+`key=value` argument. Every field is documented by the string below it; `agentrl train --help`
+prints those docs. Option names follow verl (`adv_estimator`, `clip_ratio_low`,
+`loss_agg_mode`, `ppo_mini_batch_size`, `test_freq`, `save_freq`) and ROLL (`group_size`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+from agentrl.errors import ConfigError, did_you_mean
+
+
+# ---------------------------------------------------------------------------- model
+@dataclass
+class TinyModelConfig:
+    """Shape of the embedded default model (a transformers Qwen2 causal LM)."""
+
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    num_hidden_layers: int = 2
+    """Number of transformer blocks."""
+    num_attention_heads: int = 4
+    """Query heads per block."""
+    num_key_value_heads: int = 2
+    """Key/value heads per block (grouped-query attention)."""
+    intermediate_size: int = 512
+    """Width of the MLP."""
+    vocab_size: int = 512
+    """Size of the byte-level BPE vocabulary trained locally on the env's text."""
+    max_position_embeddings: int = 2048
+    """Longest sequence the model accepts (prompt plus every turn)."""
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm start of the tiny model on the env's reply format."""
+
+    max_steps: int = 400
+    """Upper bound on SFT steps; training stops earlier once the loss reaches the floor."""
+    batch_size: int = 16
+    """Demonstration episodes per SFT step."""
+    lr: float = 3e-3
+    """AdamW learning rate of the warm start."""
+    floor_tolerance: float = 0.02
+    """Stop when the loss is within this (nats per reply token) of the uniform-action floor."""
+    patience: int = 3
+    """Consecutive steps at the floor needed to stop."""
+
+
+@dataclass
+class ModelConfig:
+    """The policy model: a local Hugging Face directory, or the embedded tiny default."""
+
+    path: Optional[str] = None
+    """Local directory in Hugging Face layout; None builds and warm-starts the embedded tiny model."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype. float32 keeps engine and trainer logprobs equal; bfloat16 drifts by ~1e-2."""
+    cache_dir: Optional[str] = None
+    """Where warm-started tiny models are cached by config hash (default ~/.cache/agentrl)."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Shape of the embedded default model."""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """Warm start of the embedded default model."""
+
+
+# ---------------------------------------------------------------------------- env + agent
+@dataclass
+class EnvConfig:
+    """Which environment the agent plays, and its arguments."""
+
+    type: str = "frozen_lake"
+    """Registered env name (see agentrl.registry.register_env)."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the env's constructor, e.g. {map_name: null, is_slippery: false}."""
+    max_turns: int = 8
+    """Most agent turns per episode; the episode ends as truncated after that."""
+
+
+@dataclass
+class AgentConfig:
+    """The agent that turns observations into prompts and replies into actions."""
+
+    type: str = "chat"
+    """Registered agent name (see agentrl.registry.register_agent)."""
+    system_prompt: Optional[str] = None
+    """Optional system message; the env's instructions always open the first user message."""
+
+
+# ---------------------------------------------------------------------------- rollout
+@dataclass
+class RolloutConfig:
+    """How episodes are sampled each step."""
+
+    batch_size: int = 32
+    """Episodes per training step (ROLL's rollout_batch_size); a multiple of group_size."""
+    group_size: int = 8
+    """Episodes per task sharing one env seed, compared with each other by group baselines."""
+    temperature: float = 1.0
+    """Sampling temperature; the trainer applies the same one when it recomputes logprobs."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 (or 0) turns it off."""
+    max_new_tokens: int = 8
+    """Most tokens per reply; a reply cut off there is treated as no answer (format penalty)."""
+    max_num_seqs: int = 256
+    """Most sequences the local engine decodes at once (vLLM's name)."""
+
+
+# ---------------------------------------------------------------------------- algorithm
+@dataclass
+class AlgorithmConfig:
+    """Advantage estimation."""
+
+    adv_estimator: str = "grpo"
+    """Registered advantage estimator: grpo."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group's reward std; false gives Dr. GRPO."""
+
+
+@dataclass
+class ActorConfig:
+    """Policy optimisation (verl's actor_rollout_ref.actor)."""
+
+    lr: float = 2e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    """AdamW betas."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    ppo_mini_batch_size: int = 32
+    """Episodes per optimizer step; the batch is split into batch_size / this updates."""
+    micro_batch_size: int = 16
+    """Episodes per forward/backward (gradient accumulation inside a mini-batch)."""
+    clip_ratio_low: float = 0.2
+    """PPO clip range below 1 (ratio >= 1 - clip_ratio_low)."""
+    clip_ratio_high: float = 0.2
+    """PPO clip range above 1 (ratio <= 1 + clip_ratio_high); DAPO's clip-higher raises it."""
+    loss_agg_mode: Literal["token-mean"] = "token-mean"
+    """How token losses are averaged: token-mean."""
+    grad_clip: float = 1.0
+    """Max global grad norm; 0 turns clipping off."""
+
+
+# ---------------------------------------------------------------------------- trainer
+@dataclass
+class TrainerConfig:
+    """Loop length, evaluation, checkpoints and logging."""
+
+    total_steps: int = 40
+    """Training steps (one rollout batch and one update each)."""
+    test_freq: int = 10
+    """Evaluate every N steps (and always before and after training); 0 = only before/after."""
+    eval_episodes: int = 32
+    """Held-out episodes per evaluation, decoded greedily."""
+    save_freq: int = 20
+    """Checkpoint every N steps (and at the end); 0 = only at the end."""
+    max_checkpoints: int = 2
+    """Checkpoints kept in the run folder; older ones are deleted."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    """Metric sinks: console (progress bar), jsonl, tensorboard."""
+    progress: bool = True
+    """Show a live progress bar."""
+
+
+@dataclass
+class Config:
+    """A whole experiment."""
+
+    exp_name: str = "frozen_lake"
+    """Name of the experiment; the run folder is output_dir/exp_name unless run_dir is set."""
+    seed: int = 0
+    """Seed of everything (model init, env seeds, sampling); same seed, same metrics on CPU."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto uses CUDA when present."""
+    output_dir: str = "runs"
+    """Parent folder of run folders."""
+    run_dir: Optional[str] = None
+    """Exact run folder (overrides output_dir/exp_name)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The environment."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """The agent."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Episode sampling."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Advantage estimation."""
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    """Policy optimisation."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop, evaluation, checkpoints, logging."""
+
+    def resolved_run_dir(self) -> Path:
+        """The folder this run writes to."""
+        return Path(self.run_dir) if self.run_dir else Path(self.output_dir) / self.exp_name
+
+
+# ---------------------------------------------------------------------------- loading
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Build a Config from defaults, an optional YAML file, then `key=value` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = read_yaml(path)
+    cfg = from_dict(Config, data, prefix="")
+    for item in overrides:
+        key, value = parse_override(item)
+        set_path(cfg, key, value)
+    validate(cfg)
+    return cfg
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with one-line errors for a missing file or bad syntax."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"YAML syntax error in {p}{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Split 'a.b=value' and parse the value as YAML (so 3 is int, true is bool, [1,2] a list)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip().lstrip("+")
+    if not sep or not key:
+        raise ConfigError(f"override '{item}' must look like key=value, e.g. trainer.total_steps=20")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    """Build dataclass `cls` from a nested dict, checking every key and type."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
+    obj = cls()
+    for key, value in data.items():
+        set_path(obj, f"{key}", value, prefix=prefix)
+    return obj
+
+
+def set_path(obj: Any, dotted: str, value: Any, prefix: str = "") -> None:
+    """Set `obj.a.b = value` with type checking; unknown keys suggest the closest valid key."""
+    head, _, rest = dotted.partition(".")
+    full = prefix + head
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    if head not in fields:
+        valid = [prefix + name for name in fields]
+        hint = did_you_mean(full, _all_keys(type(obj), prefix)) or did_you_mean(full, valid)
+        raise ConfigError(f"unknown config key '{prefix}{dotted}'.{hint}")
+    hint_type = _field_types(type(obj))[head]
+    current = getattr(obj, head)
+    if dataclasses.is_dataclass(current):
+        if rest:
+            set_path(current, rest, value, prefix=full + ".")
+        else:
+            setattr(obj, head, from_dict(type(current), value, prefix=full + "."))
+        return
+    if rest:
+        if isinstance(current, dict):  # free-form dicts (env.args) accept any nested key
+            new = dict(current)
+            _set_nested(new, rest, value)
+            setattr(obj, head, new)
+            return
+        raise ConfigError(f"config key '{full}' is a {_type_name(hint_type)}, it has no field '{rest}'")
+    setattr(obj, head, coerce(value, hint_type, full))
+
+
+def coerce(value: Any, tp: Any, name: str) -> Any:
+    """Check `value` against type `tp` (int, float, bool, str, Optional, Literal, list, dict)."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(value, arg, name)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{name}={value!r} is not a {_type_name(tp)}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            choices = ", ".join(repr(a) for a in allowed)
+            hint = did_you_mean(str(value), [str(a) for a in allowed])
+            raise ConfigError(f"{name}={value!r} is not allowed; choose one of {choices}.{hint}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}={value!r} must be a list")
+        (item_tp,) = typing.get_args(tp)[:1] or (Any,)
+        return [coerce(v, item_tp, f"{name}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}={value!r} must be a mapping")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}={value!r} must be true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name}={value!r} must be an integer")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads '1e-3' (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{name}={value!r} must be a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{name}={value!r} must be a string")
+    raise AssertionError(f"config field {name} has an unsupported type {tp!r}")
+
+
+def _set_nested(d: dict, dotted: str, value: Any) -> None:
+    head, _, rest = dotted.partition(".")
+    if rest:
+        sub = dict(d.get(head) or {})
+        _set_nested(sub, rest, value)
+        d[head] = sub
+    else:
+        d[head] = value
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    return {int: "integer", float: "number", bool: "boolean", str: "string",
+            type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _all_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key under `cls`, for suggestions."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        tp = _field_types(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            keys.extend(_all_keys(tp, prefix + f.name + "."))
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def all_keys() -> list[str]:
+    """Every valid dotted config key."""
+    return _all_keys(Config)
+
+
+# ---------------------------------------------------------------------------- validation
+def validate(cfg: Config) -> None:
+    """Reject impossible combinations before any work starts."""
+    r, a, t = cfg.rollout, cfg.actor, cfg.trainer
+    _positive(r, "rollout", "batch_size", "group_size", "max_new_tokens", "max_num_seqs")
+    _positive(a, "actor", "ppo_epochs", "ppo_mini_batch_size", "micro_batch_size")
+    _positive(t, "trainer", "total_steps", "eval_episodes", "max_checkpoints")
+    _positive(cfg.env, "env", "max_turns")
+    if r.batch_size % r.group_size:
+        raise ConfigError(
+            f"rollout.batch_size={r.batch_size} is not a multiple of rollout.group_size={r.group_size}; "
+            f"use a batch_size like {max(1, r.batch_size // r.group_size) * r.group_size}"
+        )
+    if r.batch_size % a.ppo_mini_batch_size:
+        raise ConfigError(
+            f"rollout.batch_size={r.batch_size} is not a multiple of actor.ppo_mini_batch_size="
+            f"{a.ppo_mini_batch_size}"
+        )
+    if a.ppo_mini_batch_size % a.micro_batch_size:
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size} is not a multiple of "
+            f"actor.micro_batch_size={a.micro_batch_size}"
+        )
+    if not 0.0 < r.top_p <= 1.0:
+        raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    if r.temperature <= 0:
+        raise ConfigError(f"rollout.temperature={r.temperature} must be > 0 (eval decodes greedily)")
+    if r.top_k < -1:
+        raise ConfigError(f"rollout.top_k={r.top_k} must be -1 (off) or a positive count")
+    for name in ("clip_ratio_low", "clip_ratio_high", "lr", "weight_decay", "grad_clip"):
+        if getattr(a, name) < 0:
+            raise ConfigError(f"actor.{name}={getattr(a, name)} must be >= 0")
+    if len(a.betas) != 2 or not all(0 <= b < 1 for b in a.betas):
+        raise ConfigError(f"actor.betas={a.betas} must be two numbers in [0, 1)")
+    if t.test_freq < 0 or t.save_freq < 0:
+        raise ConfigError("trainer.test_freq and trainer.save_freq must be >= 0")
+    if cfg.model.path is not None and not Path(cfg.model.path).expanduser().is_dir():
+        raise ConfigError(f"model.path={cfg.model.path!r}: no such directory (expected a local "
+                          "Hugging Face model folder with config.json)")
+
+
+def _positive(section: Any, name: str, *keys: str) -> None:
+    for key in keys:
+        value = getattr(section, key)
+        if value <= 0:
+            raise ConfigError(f"{name}.{key}={value} must be a positive integer")
+
+
+# ---------------------------------------------------------------------------- output
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain nested dicts (for YAML and hashing)."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, doc) for every field, read from the docstrings below the fields."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cls))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
+                docs[node.target.id] = str(nxt.value.value)
+    rows = []
+    default = cls()
+    for f in dataclasses.fields(cls):
+        value = getattr(default, f.name)
+        if dataclasses.is_dataclass(value):
+            rows.extend(field_docs(type(value), prefix + f.name + "."))
+        else:
+            rows.append((prefix + f.name, repr(value), docs.get(f.name, "")))
+    return rows

@@ -1,0 +1,39 @@
+"""The project's error types: each message says what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class AgentRLError(Exception):
+    """Base of every error agentrl raises on purpose (the CLI prints these as one line)."""
+
+
+class ConfigError(AgentRLError):
+    """A config file, key or value is invalid."""
+
+
+class RegistryError(AgentRLError, KeyError):
+    """An unknown or clashing name in a registry."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class EnvError(AgentRLError):
+    """An environment was built or used against its contract."""
+
+
+class EngineError(AgentRLError):
+    """The inference engine could not serve a request."""
+
+
+class CheckpointError(AgentRLError):
+    """A checkpoint is missing, incomplete or incompatible."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """Return ' Did you mean 'x'?' for the closest choice, or '' when none is close."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean '{close[0]}'?" if close else ""

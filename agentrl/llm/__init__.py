@@ -1,0 +1,1 @@
+"""Token-exact conversations and inference engines."""

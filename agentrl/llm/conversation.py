@@ -1,0 +1,123 @@
+"""Token-exact multi-turn conversations built from a chat template.
+
+A conversation is one growing list of token ids. Messages we write (instructions,
+observations, feedback) are rendered with the tokenizer's chat template and appended as ids
+with loss mask 0; ids the engine generated are appended exactly as they came, with loss mask 1
+and their behaviour logprobs. A model reply is never decoded and re-encoded into training
+data: decoding happens only to hand the env its action text and to render later turns.
+
+Each new piece is the *difference* between the template's rendering of the conversation with
+and without it, so templates that add a default system prompt (Qwen2.5) or close assistant
+turns with extra text work unchanged. That needs a prefix-preserving template; one that is
+not is reported as soon as it shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agentrl.errors import ConfigError
+from agentrl.llm.engine import Completion
+
+
+@dataclass
+class Conversation:
+    """One episode's token sequence, loss mask, behaviour logprobs and per-turn rewards."""
+
+    tokenizer: object
+    messages: list[dict] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # policy version per id, -1 where not generated
+    rewards: list[float] = field(default_factory=list)  # one per agent turn
+    reward_positions: list[int] = field(default_factory=list)  # last generated id of each turn
+    _rendered: str = ""
+
+    # ------------------------------------------------------------------ messages we write
+    def add_message(self, role: str, content: str) -> None:
+        """Append a user/system/tool message as template-formatted ids (mask 0)."""
+        self.messages.append({"role": role, "content": content})
+        text = self._render(add_generation_prompt=False)
+        self._append_text(self._delta(text), mask=0)
+        self._rendered = text
+
+    def prompt_ids(self) -> list[int]:
+        """The ids to send to the engine: everything so far plus the assistant header."""
+        return self.token_ids + self._generation_prompt_ids()
+
+    def num_prompt_tokens(self) -> int:
+        """Length of the next prompt."""
+        return len(self.prompt_ids())
+
+    # ------------------------------------------------------------------ the model's reply
+    def add_completion(self, completion: Completion, eos_token_ids: tuple[int, ...]) -> str:
+        """Append the engine's ids verbatim (mask 1) and close the turn; return the reply text."""
+        header = self._generation_prompt_ids()
+        self._append_ids(header, mask=0)
+        ids = list(completion.token_ids)
+        versions = completion.versions or [completion.policy_version] * len(ids)
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1] * len(ids))
+        self.logprobs.extend(float(x) for x in completion.logprobs)
+        self.versions.extend(versions)
+        # The turn's reward sits on its last generated id (or the latest one, for an empty reply).
+        last_generated = len(self.token_ids) - 1 if ids else (self.reward_positions or [-1])[-1]
+        ended = bool(ids) and ids[-1] in eos_token_ids
+        content_ids = ids[:-1] if ended else ids
+        content = self.tokenizer.decode(content_ids, skip_special_tokens=True)
+        prefix = self._render(add_generation_prompt=True)
+        self.messages.append({"role": "assistant", "content": content})
+        full = self._render(add_generation_prompt=False)
+        if not full.startswith(prefix + content):
+            raise ConfigError(
+                "the tokenizer's chat template is not prefix-preserving for assistant turns: "
+                "rendering a reply does not extend the rendered prompt; multi-turn training data "
+                "would be corrupted (use a template that renders turns 1..k as a prefix of 1..k+1)"
+            )
+        closing = full[len(prefix) + len(content):]
+        eos_text = self.tokenizer.decode(ids[-1:]) if ended else ""
+        if ended and closing.startswith(eos_text):
+            closing = closing[len(eos_text):]  # the generated EOS already closed the turn
+        self._append_text(closing, mask=0)
+        self._rendered = full
+        self.reward_positions.append(last_generated)
+        self.rewards.append(0.0)
+        return content
+
+    def set_turn_reward(self, reward: float) -> None:
+        """Record the env's reward for the latest turn (placed at its last generated id)."""
+        if not self.rewards:
+            raise AssertionError("set_turn_reward before any completion")
+        self.rewards[-1] = float(reward)
+
+    # ------------------------------------------------------------------ internals
+    def _render(self, add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            self.messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def _delta(self, text: str) -> str:
+        if not text.startswith(self._rendered):
+            raise ConfigError(
+                "the tokenizer's chat template is not prefix-preserving: rendering turns 1..k+1 "
+                "does not start with the rendering of turns 1..k; multi-turn training data would "
+                "be corrupted (use a template without history-dependent edits)"
+            )
+        return text[len(self._rendered):]
+
+    def _generation_prompt_ids(self) -> list[int]:
+        text = self._render(add_generation_prompt=True)
+        return self._encode(self._delta(text))
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def _append_text(self, text: str, mask: int) -> None:
+        self._append_ids(self._encode(text), mask)
+
+    def _append_ids(self, ids: list[int], mask: int) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([mask] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+        self.versions.extend([-1] * len(ids))

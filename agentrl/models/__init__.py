@@ -1,0 +1,1 @@
+"""Policy models: the embedded tiny default and local Hugging Face checkpoints."""

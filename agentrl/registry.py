@@ -1,0 +1,73 @@
+"""Name -> object registries for envs, agents and estimators (one small class, no magic)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from agentrl.errors import RegistryError, did_you_mean
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A named table of factories; unknown names fail with the known ones listed."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str, item: T, *, overwrite: bool = False) -> T:
+        """Add `item` under `name`; re-registering a name raises unless `overwrite`."""
+        if not isinstance(name, str) or not name:
+            raise RegistryError(f"{self.kind} name must be a non-empty string, got {name!r}")
+        if name in self._items and self._items[name] is not item and not overwrite:
+            raise RegistryError(
+                f"{self.kind} '{name}' is already registered to {self._items[name]!r}; "
+                "pick another name or pass overwrite=True"
+            )
+        self._items[name] = item
+        return item
+
+    def get(self, name: str) -> T:
+        """Return the item under `name`, or raise listing the known names."""
+        try:
+            return self._items[name]
+        except KeyError:
+            known = ", ".join(sorted(self._items)) or "(none)"
+            raise RegistryError(
+                f"unknown {self.kind} '{name}'.{did_you_mean(name, self._items)} Known: {known}"
+            ) from None
+
+    def names(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+
+ENVS: Registry[Callable] = Registry("env type")
+AGENTS: Registry[Callable] = Registry("agent type")
+ESTIMATORS: Registry[Callable] = Registry("advantage estimator")
+
+
+def register_env(name: str, factory: Callable | None = None, *, overwrite: bool = False):
+    """Register an env class/factory under `name` (usable as a decorator)."""
+    if factory is None:
+        return lambda f: ENVS.register(name, f, overwrite=overwrite)
+    return ENVS.register(name, factory, overwrite=overwrite)
+
+
+def register_agent(name: str, factory: Callable | None = None, *, overwrite: bool = False):
+    """Register an agent class/factory under `name` (usable as a decorator)."""
+    if factory is None:
+        return lambda f: AGENTS.register(name, f, overwrite=overwrite)
+    return AGENTS.register(name, factory, overwrite=overwrite)
+
+
+def register_estimator(name: str, fn: Callable | None = None, *, overwrite: bool = False):
+    """Register an advantage estimator under `name` (usable as a decorator)."""
+    if fn is None:
+        return lambda f: ESTIMATORS.register(name, f, overwrite=overwrite)
+    return ESTIMATORS.register(name, fn, overwrite=overwrite)

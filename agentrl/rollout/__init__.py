@@ -1,0 +1,1 @@
+"""Where env, agent and engine meet: trajectories and the collector."""

@@ -1,0 +1,1 @@
+"""Runtimes wire the parts together from a config: local (one process)."""

@@ -1,0 +1,1 @@
+"""Training: packing, actor updates, checkpoints and the step loop."""

@@ -1,0 +1,98 @@
+"""The policy being trained: logprob recomputation and PPO updates over micro-batches."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from agentrl.algos.losses import masked_mean, ppo_policy_loss
+from agentrl.config import ActorConfig
+from agentrl.train.batch import Batch
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   temperature: float = 1.0, with_entropy: bool = False):
+    """Logprob of each token given the ones before it, (B, T) with 0 at position 0.
+
+    Logits are divided by `temperature` first: the engine samples from that distribution, so
+    the ratio to the behaviour policy is 1 on-policy.
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logp = torch.nn.functional.pad(logp, (1, 0))
+    if not with_entropy:
+        return logp
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, torch.nn.functional.pad(entropy, (1, 0))
+
+
+class Actor:
+    """Holds the policy model and its optimizer."""
+
+    def __init__(self, model: torch.nn.Module, cfg: ActorConfig, temperature: float) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.temperature = temperature
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+                                           weight_decay=cfg.weight_decay)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model lives."""
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """The current policy's logprobs for the whole batch, (B, T)."""
+        self.model.eval()
+        out = torch.zeros_like(batch.behaviour_logprobs)
+        for start in range(0, batch.size, self.cfg.micro_batch_size):
+            rows = torch.arange(start, min(start + self.cfg.micro_batch_size, batch.size))
+            mb = batch.select(rows).to(self.device)
+            lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
+            out[rows, : lp.shape[1]] = lp.cpu()
+        return out
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over mini-batches (one optimizer step each) of micro-batches."""
+        assert batch.old_logprobs is not None and batch.advantages is not None, "score the batch first"
+        self.model.train()
+        cfg = self.cfg
+        stats: dict[str, list[float]] = {}
+        for _ in range(cfg.ppo_epochs):
+            for mstart in range(0, batch.size, cfg.ppo_mini_batch_size):
+                mini = torch.arange(mstart, min(mstart + cfg.ppo_mini_batch_size, batch.size))
+                n_tokens = float(batch.loss_mask[mini].sum().clamp(min=1.0))
+                self.optimizer.zero_grad(set_to_none=True)
+                for start in range(0, len(mini), cfg.micro_batch_size):
+                    mb = batch.select(mini[start:start + cfg.micro_batch_size]).to(self.device)
+                    logp, entropy = token_logprobs(self.model, mb.input_ids, mb.attention_mask,
+                                                   self.temperature, with_entropy=True)
+                    loss, pg = ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
+                                               cfg.clip_ratio_low, cfg.clip_ratio_high,
+                                               cfg.loss_agg_mode, n_tokens)
+                    loss.backward()
+                    _append(stats, "loss/policy", float(loss) * n_tokens / max(float(mb.loss_mask.sum()), 1.0))
+                    _append(stats, "policy/pg_clipfrac", float(pg["pg_clipfrac"]))
+                    _append(stats, "policy/ppo_kl", float(pg["ppo_kl"]))
+                    _append(stats, "policy/entropy", float(masked_mean(entropy.detach(), mb.loss_mask)))
+                grad_norm = self._clip_and_step()
+                _append(stats, "policy/grad_norm", grad_norm)
+        return {k: sum(v) / len(v) for k, v in stats.items()}
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        else:  # a non-finite gradient would poison the weights: skip this step
+            self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+
+def _append(stats: dict[str, list[float]], key: str, value: float) -> None:
+    stats.setdefault(key, []).append(value)

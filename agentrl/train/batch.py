@@ -1,0 +1,78 @@
+"""Pack trajectories into right-padded tensors: the one place where padding happens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from agentrl.rollout.trajectory import Trajectory
+
+
+@dataclass
+class Batch:
+    """A training batch; every (B, T) tensor is aligned with `input_ids`."""
+
+    input_ids: torch.Tensor  # (B, T) int64, right-padded
+    attention_mask: torch.Tensor  # (B, T) int64
+    loss_mask: torch.Tensor  # (B, T) float32, 1 on generated ids
+    behaviour_logprobs: torch.Tensor  # (B, T) float32, the engine's logprobs on generated ids
+    token_rewards: torch.Tensor  # (B, T) float32, each turn's reward at its last generated id
+    versions: torch.Tensor  # (B, T) int64, policy version per generated id (-1 elsewhere)
+    group_index: torch.Tensor  # (B,) int64
+    old_logprobs: torch.Tensor | None = None  # (B, T) trainer's logprobs before the update
+    advantages: torch.Tensor | None = None  # (B, T)
+    returns: torch.Tensor | None = None  # (B, T)
+
+    @property
+    def size(self) -> int:
+        """Number of sequences."""
+        return int(self.input_ids.shape[0])
+
+    def select(self, idx: torch.Tensor | slice) -> Batch:
+        """The sub-batch of rows `idx`, trimmed to its longest sequence."""
+        parts = {}
+        for f in fields(self):
+            t = getattr(self, f.name)
+            parts[f.name] = t[idx] if t is not None else None
+        width = int(parts["attention_mask"].sum(-1).max().item()) if parts["input_ids"].numel() else 0
+        for name, t in parts.items():
+            if t is not None and t.dim() == 2:
+                parts[name] = t[:, :width]
+        return replace(self, **parts)
+
+    def to(self, device: torch.device | str) -> Batch:
+        """Move every tensor to `device`."""
+        return replace(self, **{f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None
+                                         else None) for f in fields(self)})
+
+
+def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
+    """Right-pad trajectories into a Batch; group ids are renumbered 0..G-1 in order seen."""
+    if not trajectories:
+        raise ValueError("pack() needs at least one trajectory")
+    width = max(len(t.token_ids) for t in trajectories)
+    n = len(trajectories)
+    ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    mask = torch.zeros((n, width))
+    logp = torch.zeros((n, width))
+    rewards = torch.zeros((n, width))
+    versions = torch.full((n, width), -1, dtype=torch.long)
+    groups: dict[int, int] = {}
+    index = torch.zeros(n, dtype=torch.long)
+    for i, t in enumerate(trajectories):
+        k = len(t.token_ids)
+        ids[i, :k] = torch.tensor(t.token_ids, dtype=torch.long)
+        attn[i, :k] = 1
+        mask[i, :k] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        logp[i, :k] = torch.tensor(t.logprobs, dtype=torch.float32)
+        versions[i, :k] = torch.tensor(t.versions, dtype=torch.long)
+        for pos, r in zip(t.reward_positions, t.rewards):
+            if pos >= 0:
+                rewards[i, pos] += r
+        index[i] = groups.setdefault(t.group_id, len(groups))
+    # Position 0 can never be predicted (no context): keep it out of every loss.
+    mask[:, 0] = 0.0
+    return Batch(ids, attn, mask, logp, rewards, versions, index)

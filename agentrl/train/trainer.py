@@ -1,0 +1,203 @@
+"""The training loop: each step is a short list of named stages, in the order data moves.
+
+    collect -> pack -> score -> advantages -> update -> sync -> log -> (evaluate) -> (checkpoint)
+
+The trainer knows nothing of envs or agents: it gets a collector that turns tasks into
+trajectories, an engine to push weights to, and the actor it updates.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from agentrl.algos.advantages import compute_advantages
+from agentrl.algos.losses import masked_mean
+from agentrl.config import Config
+from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
+from agentrl.rollout.collector import CollectResult, RolloutCollector, make_tasks
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.train.actor import Actor
+from agentrl.train.batch import Batch, pack
+from agentrl.train.checkpoint import (latest_checkpoint, load_optimizer, load_state, rng_state,
+                                      save_checkpoint, set_rng_state)
+
+EVAL_SEED_BASE = 1_000_000  # eval env seeds live above every training seed
+EVAL_STEP = 2**31 - 1  # a fixed pseudo-step: every evaluation plays the same held-out tasks
+
+
+class Trainer:
+    """Runs `Config.trainer.total_steps` steps of collect / update / sync."""
+
+    def __init__(self, cfg: Config, actor: Actor, engine: Any, collector: RolloutCollector,
+                 tokenizer: Any, run_dir: Path,
+                 eval_baselines: Callable[[list[Trajectory]], dict[str, float]] | None = None) -> None:
+        self.cfg = cfg
+        self.actor = actor
+        self.engine = engine
+        self.collector = collector
+        self.tokenizer = tokenizer
+        self.run_dir = Path(run_dir)
+        self.eval_baselines = eval_baselines
+        self.timer = Timer()
+        self.step_idx = 0
+        self.summary: dict[str, Any] = {}
+        self.logger: MetricsLogger | None = None
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self, resume: bool = False) -> dict[str, Any]:
+        """Train to `total_steps`, evaluating before and after; returns the summary."""
+        t0 = time.perf_counter()
+        if resume:
+            self._restore()
+        self.logger = MetricsLogger(self.run_dir, loggers=self.cfg.trainer.logger,
+                                    total_steps=self.cfg.trainer.total_steps,
+                                    show_progress=self.cfg.trainer.progress,
+                                    resume_from_step=self.step_idx if resume else None)
+        try:
+            if self.step_idx == 0:
+                before = self.evaluate()
+                self.summary["eval_success_before"] = before["eval/success"]
+                self.logger.log(0, before)
+            while self.step_idx < self.cfg.trainer.total_steps:
+                self.step()
+            after = self.evaluate()
+            self.logger.log(self.step_idx, after)
+            self._checkpoint()
+        finally:
+            self.logger.close()
+        self.summary.update(
+            eval_success_after=after["eval/success"],
+            eval_optimum=after.get("eval/optimal_success", float("nan")),
+            **{k.replace("eval/", "eval_"): v for k, v in after.items() if k.startswith("eval/baseline_")},
+            steps=self.step_idx,
+            wall_seconds=round(time.perf_counter() - t0, 2),
+        )
+        write_summary(self.run_dir, self.summary)
+        plot_curves(self.logger.history(), self.run_dir / "curves.png")
+        return self.summary
+
+    def step(self) -> dict[str, float]:
+        """One training step; returns its metrics."""
+        self.step_idx += 1
+        with self.timer.scope("collect"):
+            result = self.collect()
+        with self.timer.scope("pack"):
+            batch = pack(result.trajectories, self.tokenizer.pad_token_id)
+        with self.timer.scope("score"):
+            batch.old_logprobs = self.actor.compute_logprobs(batch)
+        with self.timer.scope("advantages"):
+            batch.advantages, batch.returns = self.advantages(batch)
+        with self.timer.scope("update"):
+            metrics = self.actor.update(batch)
+        with self.timer.scope("sync"):
+            self.sync()
+        metrics.update(rollout_metrics(result, batch))
+        metrics.update(self.engine.stats.pop())
+        if self._due(self.cfg.trainer.test_freq):
+            with self.timer.scope("evaluate"):
+                metrics.update(self.evaluate())
+        if self._due(self.cfg.trainer.save_freq):
+            with self.timer.scope("checkpoint"):
+                self._checkpoint()
+        metrics.update(self.timer.pop())
+        self.logger.log(self.step_idx, metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ stages
+    def collect(self) -> CollectResult:
+        """Play this step's groups of episodes with the current policy."""
+        r = self.cfg.rollout
+        tasks = make_tasks(self.cfg.seed, self.step_idx, r.batch_size // r.group_size, r.group_size)
+        result = self.collector.collect(tasks)
+        if not result.trajectories:
+            raise RuntimeError(f"step {self.step_idx}: every episode failed; first error: "
+                               f"{result.errors[0] if result.errors else 'unknown'}")
+        return result
+
+    def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advantages and returns from the configured estimator."""
+        return compute_advantages(self.cfg.algorithm.adv_estimator, batch.token_rewards, batch.loss_mask,
+                                  batch.group_index, None, self.cfg.algorithm)
+
+    def sync(self) -> None:
+        """Push the updated weights to the engine, so the next rollouts use them."""
+        self.engine.load_weights({k: v.detach() for k, v in self.actor.model.state_dict().items()})
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy episodes on held-out env seeds."""
+        n = self.cfg.trainer.eval_episodes
+        tasks = make_tasks(self.cfg.seed, EVAL_STEP, n, 1, greedy=True, seed_base=EVAL_SEED_BASE)
+        result = self.collector.collect(tasks)
+        trajs = result.trajectories
+        out = {
+            "eval/success": _mean([float(t.info.get("success", False)) for t in trajs]),
+            "eval/return": _mean([t.total_reward for t in trajs]),
+            "eval/turns": _mean([t.num_turns for t in trajs]),
+            "eval/errors": float(len(result.errors)),
+        }
+        optimal = [t.info["optimal_success"] for t in trajs if "optimal_success" in t.info]
+        if optimal:
+            out["eval/optimal_success"] = _mean(optimal)
+        if self.eval_baselines is not None:
+            out.update({f"eval/baseline_{k}": v for k, v in self.eval_baselines(trajs).items()})
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint(self) -> None:
+        state = {"policy_version": self.engine.policy_version, "rng": rng_state(),
+                 "engine_rng": self.engine._seed_rng.getstate(), "summary": dict(self.summary)}
+        save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
+                        self.actor.optimizer, state, keep=self.cfg.trainer.max_checkpoints)
+
+    def _restore(self) -> None:
+        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+        if ckpt is None:
+            return
+        from safetensors.torch import load_file
+
+        weights = load_file(str(ckpt / "model.safetensors"))
+        self.actor.model.load_state_dict(weights, strict=False)
+        load_optimizer(ckpt, self.actor.optimizer)
+        state = load_state(ckpt)
+        self.step_idx = int(state["step"])
+        self.summary = dict(state.get("summary", {}))
+        set_rng_state(state["rng"])
+        self.sync()
+        self.engine.policy_version = int(state["policy_version"])
+        self.engine._seed_rng.setstate(state["engine_rng"])
+
+    def _due(self, freq: int) -> bool:
+        return freq > 0 and self.step_idx % freq == 0 and self.step_idx < self.cfg.trainer.total_steps
+
+
+def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
+    """rollout/* and reward/* metrics of one step's trajectories."""
+    trajs = result.trajectories
+    rewards = torch.tensor([t.total_reward for t in trajs])
+    mask = batch.loss_mask
+    diff = (batch.behaviour_logprobs - batch.old_logprobs).abs() * mask
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0,
+        "reward/max": float(rewards.max()),
+        "reward/min": float(rewards.min()),
+        "rollout/success": _mean([float(t.info.get("success", False)) for t in trajs]),
+        "rollout/turns": _mean([t.num_turns for t in trajs]),
+        "rollout/invalid_actions": _mean([t.info.get("invalid_actions", 0) for t in trajs]),
+        "rollout/truncated_replies": _mean([t.info.get("truncated_replies", 0) for t in trajs]),
+        "rollout/response_tokens": _mean([t.num_generated for t in trajs]),
+        "rollout/sequence_tokens": _mean([len(t.token_ids) for t in trajs]),
+        "rollout/episodes": float(len(trajs)),
+        "rollout/errors": float(len(result.errors)),
+        "rollout/dropped_groups": float(result.dropped_groups),
+        "policy/logprob_diff_mean": float(masked_mean(diff, mask)),
+        "policy/logprob_diff_max": float(diff.max()),
+    }
+
+
+def _mean(xs: list[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else 0.0

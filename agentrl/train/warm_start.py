@@ -1,0 +1,46 @@
+"""Supervised warm start: teach a fresh model the reply format, not the best reply.
+
+Demonstrations carry uniformly random valid actions, so the best the model can do is to put
+equal mass on every valid reply: the loss has a floor of H(reply) per turn. Training stops as
+soon as the loss sits at that floor; anything the policy learns afterwards is learned by RL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from agentrl.config import WarmStartConfig
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.train.actor import token_logprobs
+from agentrl.train.batch import pack
+
+
+def warm_start(model: torch.nn.Module, demos: Callable[[int], list[Trajectory]], reply_entropy: float,
+               cfg: WarmStartConfig, pad_token_id: int,
+               log: Callable[[str], None] | None = None) -> dict[str, float]:
+    """Fit `model` to demonstration batches `demos(step)` until the loss reaches the floor."""
+    device = next(model.parameters()).device
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
+    model.train()
+    at_floor, loss_v, floor, step = 0, float("nan"), float("nan"), 0
+    for step in range(1, cfg.max_steps + 1):
+        trajs = demos(step)
+        batch = pack(trajs, pad_token_id).to(device)
+        n_tokens = batch.loss_mask.sum().clamp(min=1.0)
+        floor = float(sum(t.num_turns for t in trajs) * reply_entropy / n_tokens)
+        logp = token_logprobs(model, batch.input_ids, batch.attention_mask)
+        loss = -(logp * batch.loss_mask).sum() / n_tokens
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_v = float(loss)
+        at_floor = at_floor + 1 if loss_v - floor < cfg.floor_tolerance else 0
+        if log and (step % 20 == 0 or at_floor >= cfg.patience):
+            log(f"warm start step {step}: loss {loss_v:.4f} (floor {floor:.4f})")
+        if at_floor >= cfg.patience:
+            break
+    model.eval()
+    return {"steps": step, "loss": loss_v, "floor": floor, "reached_floor": at_floor >= cfg.patience}

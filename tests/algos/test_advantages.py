@@ -1,0 +1,64 @@
+"""GRPO advantages on hand-computed cases."""
+
+import math
+
+import pytest
+import torch
+
+from agentrl.algos.advantages import compute_advantages, grpo
+from agentrl.config import AlgorithmConfig
+from agentrl.errors import RegistryError
+
+
+def _rewards(scores, width=5, pos=2):
+    r = torch.zeros(len(scores), width)
+    r[:, pos] = torch.tensor(scores, dtype=torch.float32)
+    return r
+
+
+def test_grpo_hand_computed():
+    # group 0: scores 1, 0, 0, 1 -> mean 0.5, unbiased std sqrt(1/3); group 1: 2, 4 -> mean 3, std sqrt(2)
+    scores = [1.0, 0.0, 0.0, 1.0, 2.0, 4.0]
+    index = torch.tensor([0, 0, 0, 0, 1, 1])
+    mask = torch.ones(6, 5)
+    mask[:, 0] = 0
+    adv, ret = grpo(_rewards(scores), mask, index, None, AlgorithmConfig())
+    s0 = math.sqrt(1 / 3)
+    expected = [0.5 / s0, -0.5 / s0, -0.5 / s0, 0.5 / s0, -1 / math.sqrt(2), 1 / math.sqrt(2)]
+    for i, e in enumerate(expected):
+        assert adv[i, 1:].tolist() == pytest.approx([e] * 4, rel=1e-5)
+        assert adv[i, 0] == 0.0
+    assert torch.equal(adv, ret)
+
+
+def test_grpo_sums_to_zero_in_each_group_and_respects_mask():
+    torch.manual_seed(0)
+    scores = torch.randn(12).tolist()
+    index = torch.arange(12) // 4
+    mask = (torch.rand(12, 7) > 0.3).float()
+    adv, _ = grpo(_rewards(scores, 7, 6), mask, index, None, AlgorithmConfig())
+    per_seq = torch.tensor([adv[i][mask[i] > 0][0] if mask[i].any() else 0.0 for i in range(12)])
+    for g in range(3):
+        rows = [i for i in range(12) if index[i] == g and mask[i].any()]
+        if len(rows) == 4:
+            assert abs(float(per_seq[rows].sum())) < 1e-5
+    assert torch.all(adv[mask == 0] == 0)
+
+
+def test_dr_grpo_does_not_divide_and_singleton_group_keeps_raw_score():
+    index = torch.tensor([0, 0, 1])
+    mask = torch.ones(3, 5)
+    adv, _ = grpo(_rewards([3.0, 1.0, 5.0]), mask, index, None,
+                  AlgorithmConfig(norm_adv_by_std_in_grpo=False))
+    assert adv[:, -1].tolist() == pytest.approx([1.0, -1.0, 5.0])
+
+
+def test_equal_rewards_give_zero_advantage():
+    adv, _ = grpo(_rewards([1.0] * 4), torch.ones(4, 5), torch.zeros(4, dtype=torch.long), None, AlgorithmConfig())
+    assert torch.all(adv == 0)
+
+
+def test_unknown_estimator_lists_known():
+    with pytest.raises(RegistryError, match="Known: .*grpo"):
+        compute_advantages("grpoo", torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, dtype=torch.long),
+                           None, AlgorithmConfig())

@@ -1,0 +1,33 @@
+"""Shared fixtures: a tiny tokenizer and model built locally (nothing downloaded)."""
+
+import pytest
+import torch
+
+from agentrl.config import TinyModelConfig
+
+CORPUS = [
+    "user\nFrozenLake. Move P to G, avoid holes O.\nP _ _ _\n_ O _ O\n_ _ _ O\nO _ _ G",
+    "assistant\n<answer>Left</answer> <answer>Right</answer> <answer>Up</answer> <answer>Down</answer>",
+    "system\nYou are a helpful agent. What is 12 + 7? The answer is 19.",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from agentrl.models.tiny import build_tokenizer
+
+    return build_tokenizer(CORPUS, vocab_size=384)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_tokenizer):
+    from agentrl.models.tiny import build_model
+
+    model = build_model(TinyModelConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                                        num_attention_heads=4, num_key_value_heads=2), tiny_tokenizer, seed=0)
+    return model.eval()
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)

@@ -1,0 +1,103 @@
+"""Token exactness: trajectories hold exactly the engine's ids, and the mask covers exactly them."""
+
+import asyncio
+
+import pytest
+
+from agentrl.agents.chat import ChatAgent
+from agentrl.errors import ConfigError
+from agentrl.llm.conversation import Conversation
+from agentrl.llm.engine import Completion, SamplingParams
+from agentrl.llm.local import LocalEngine
+from agentrl.rollout.trajectory import Task
+
+
+class RecordingEngine:
+    """Wraps the real engine and keeps every (prompt, completion) pair it served."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    async def generate(self, prompt_ids, sampling):
+        out = await self.engine.generate(prompt_ids, sampling)
+        self.calls.append((list(prompt_ids), out))
+        return out
+
+
+class CountdownEnv:
+    """A three-turn text env: any reply moves on; the last turn ends the episode."""
+
+    instructions = "Say anything."
+
+    async def reset(self, seed=None, options=None):
+        self.left = 3
+        return f"{self.left} turns left", {}
+
+    async def step(self, action):
+        self.left -= 1
+        done = self.left == 0
+        return f"{self.left} turns left", float(len(action) % 3), done, False, {"success": done}
+
+    def sample_action(self, rng):
+        return "ok"
+
+    def close(self):
+        pass
+
+
+def _segments(mask):
+    segs, start = [], None
+    for i, m in enumerate(mask + [0]):
+        if m and start is None:
+            start = i
+        if not m and start is not None:
+            segs.append((start, i))
+            start = None
+    return segs
+
+
+def test_trajectory_ids_are_exactly_the_engine_outputs(tiny_model, tiny_tokenizer):
+    engine = RecordingEngine(LocalEngine(tiny_model, eos_token_ids=(tiny_tokenizer.eos_token_id,),
+                                         pad_token_id=tiny_tokenizer.pad_token_id))
+    agent = ChatAgent(tiny_tokenizer, SamplingParams(max_new_tokens=6), max_turns=5)
+    traj = asyncio.run(agent.run_episode(Task(env_seed=0, group_id=0, sampling_seed=3), CountdownEnv(), engine))
+    assert traj.num_turns == 3 and len(engine.calls) == 3
+    segs = _segments(traj.loss_mask)
+    assert len(segs) == 3
+    for (start, end), (prompt, out) in zip(segs, engine.calls):
+        assert traj.token_ids[start:end] == out.token_ids  # generated ids verbatim
+        assert traj.logprobs[start:end] == out.logprobs
+        assert traj.token_ids[:start] == prompt  # the prompt was exactly the sequence so far
+    assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if not m)
+    for (start, end), pos in zip(segs, traj.reward_positions):
+        assert pos == end - 1  # each turn's reward sits on its last generated id
+
+
+def test_closing_tokens_after_eos_and_after_truncation(tiny_tokenizer):
+    tok = tiny_tokenizer
+    conv = Conversation(tok)
+    conv.add_message("user", "hi")
+    reply = tok.encode("<answer>Left</answer>", add_special_tokens=False)
+    text = conv.add_completion(Completion(reply + [tok.eos_token_id], [-0.1] * (len(reply) + 1), "stop"),
+                               (tok.eos_token_id,))
+    assert text == "<answer>Left</answer>"
+    expected = tok.apply_chat_template([{"role": "user", "content": "hi"},
+                                        {"role": "assistant", "content": text}], return_dict=False)
+    assert conv.token_ids == expected  # with EOS generated, only the template's newline is added
+    conv.add_message("user", "again")
+    conv.add_completion(Completion(reply[:2], [-0.2, -0.3], "length"), (tok.eos_token_id,))
+    # a reply cut off without EOS is closed by the template's own end-of-turn ids (mask 0)
+    assert conv.token_ids[-2] == tok.eos_token_id and conv.loss_mask[-2] == 0
+    assert sum(conv.loss_mask) == len(reply) + 1 + 2
+
+
+def test_non_prefix_preserving_template_is_reported(tiny_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    # a template that only ever shows the last message: turn k+1 does not extend turn k
+    tok.chat_template = "{{ messages[-1]['content'] }}{% if add_generation_prompt %}>{% endif %}"
+    conv = Conversation(tok)
+    conv.add_message("user", "first")
+    with pytest.raises(ConfigError, match="prefix-preserving"):
+        conv.add_message("user", "second")
