@@ -123,9 +123,16 @@ class AlgorithmConfig:
     """Advantage estimation."""
 
     adv_estimator: str = "grpo"
-    """Registered advantage estimator: grpo."""
+    """Registered advantage estimator: grpo, gigpo."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's reward std; false gives Dr. GRPO."""
+    credit: Literal["outcome", "turn"] = "turn"
+    """outcome: one score per episode (sum of rewards); turn: each turn is credited with its
+    discounted return from that turn on, compared within the group."""
+    gamma: float = 1.0
+    """Discount per agent turn for turn-level credit."""
+    step_adv_weight: float = 1.0
+    """GiGPO: weight of the step-level (same-state) advantage added to the episode-level one."""
 
 
 @dataclass
@@ -425,6 +432,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"actor.{name}={getattr(a, name)} must be >= 0")
     if len(a.betas) != 2 or not all(0 <= b < 1 for b in a.betas):
         raise ConfigError(f"actor.betas={a.betas} must be two numbers in [0, 1)")
+    if not 0.0 <= cfg.algorithm.gamma <= 1.0:
+        raise ConfigError(f"algorithm.gamma={cfg.algorithm.gamma} must be in [0, 1]")
     if t.test_freq < 0 or t.save_freq < 0:
         raise ConfigError("trainer.test_freq and trainer.save_freq must be >= 0")
     if cfg.model.path is not None and not Path(cfg.model.path).expanduser().is_dir():

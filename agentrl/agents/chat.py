@@ -36,7 +36,9 @@ class ChatAgent:
         conv.add_message("user", f"{env.instructions}\n{obs}")
         info: dict = {"success": False, "truncated_replies": 0, "invalid_actions": 0}
         terminated = truncated = False
+        states = []
         for turn in range(self.max_turns):
+            states.append(obs)
             sampling = self._sampling(task, turn)
             completion = await llm.generate(conv.prompt_ids(), sampling)
             reply = conv.add_completion(completion, self.eos_token_ids)
@@ -58,7 +60,7 @@ class ChatAgent:
         if "map" in reset_info:
             info["map"] = reset_info["map"]
         return Trajectory(conv.token_ids, conv.loss_mask, conv.logprobs, conv.versions, conv.rewards,
-                          conv.reward_positions, task.group_id, task.env_seed, info)
+                          conv.reward_positions, task.group_id, task.env_seed, info, states)
 
     def _sampling(self, task: Task, turn: int) -> SamplingParams:
         s = self.sampling

@@ -16,6 +16,9 @@ letter L/D/R/U. A reply naming two different directions, or none, is invalid: it
 ## Observation format
 The board, one line per row, cells separated by single spaces: `P` the player, `_` frozen ice
 (the start cell too), `O` a hole, `G` the goal. The player is drawn as `P` wherever it stands.
+With `show_position` (the default) a last line names the player's cell, e.g. `P: row 2,
+column 1.` (1-based): a model of a few million parameters learns far faster when the state it
+must act on sits at a fixed distance from its reply than when it has to find P in the grid.
 
 ## Starting state
 The player stands on the start cell, row 0 column 0.
@@ -38,7 +41,7 @@ Termination: the player reaches the goal or falls into a hole. Truncation: `max_
 ## Arguments
 `size` (map side when `map_name` is None), `map_name` ("4x4", "8x8" or None for random maps),
 `frozen_prob` (chance a random cell is ice), `is_slippery`, `max_steps`, `success_reward`,
-`step_reward`, `hole_reward`, `format_penalty`, `progress_reward`.
+`step_reward`, `hole_reward`, `format_penalty`, `progress_reward`, `show_position`.
 """
 
 from __future__ import annotations
@@ -217,6 +220,7 @@ class FrozenLakeEnv:
         hole_reward: float = 0.0,
         format_penalty: float = -0.1,
         progress_reward: float = 0.5,
+        show_position: bool = True,
     ) -> None:
         # Bounds keep generate_random_map quick: it retries until a map is solvable.
         _check(_is_int(size) and 2 <= size <= 16, "size", size, "an int from 2 to 16")
@@ -239,6 +243,8 @@ class FrozenLakeEnv:
         self.success_reward, self.step_reward = float(success_reward), float(step_reward)
         self.hole_reward, self.format_penalty = float(hole_reward), float(format_penalty)
         self.progress_reward = float(progress_reward)
+        _check(isinstance(show_position, bool), "show_position", show_position, "True or False")
+        self.show_position = show_position
         self._dist: np.ndarray | None = None
         self.instructions = (
             "FrozenLake. Move P to G, avoid holes O. Answer with one move: Left, Down, Right "
@@ -284,7 +290,11 @@ class FrozenLakeEnv:
         return self._gym.unwrapped.desc[self._pos // side, self._pos % side].decode()
 
     def _board(self) -> str:
-        return render_board(self._gym.unwrapped.desc, self._pos)
+        board = render_board(self._gym.unwrapped.desc, self._pos)
+        if not self.show_position:
+            return board
+        row, col = divmod(self._pos, self._gym.unwrapped.ncol)
+        return f"{board}\nP: row {row + 1}, column {col + 1}."
 
     async def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         """Start an episode (a fresh random map per seed when map_name is None)."""

@@ -24,6 +24,8 @@ class Trajectory:
     ids the engine generated, `logprobs` holds the behaviour logprob there (0 elsewhere), and
     `versions` the policy version that produced each id (-1 elsewhere). `rewards[k]` is the env's
     reward for turn k, placed at token index `reward_positions[k]` (that turn's last generated id).
+    `turn_states[k]` identifies the env state turn k started from (its observation text), so
+    that step-level baselines can compare turns taken from the same state.
     """
 
     token_ids: list[int]
@@ -35,6 +37,7 @@ class Trajectory:
     group_id: int
     env_seed: int
     info: dict[str, Any] = field(default_factory=dict)
+    turn_states: list[str] = field(default_factory=list)  # the observation each turn acted on
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

@@ -21,6 +21,7 @@ class Batch:
     token_rewards: torch.Tensor  # (B, T) float32, each turn's reward at its last generated id
     versions: torch.Tensor  # (B, T) int64, policy version per generated id (-1 elsewhere)
     group_index: torch.Tensor  # (B,) int64
+    state_ids: torch.Tensor  # (B, T) int64, id of (group, state a turn started from); -1 off-turn
     old_logprobs: torch.Tensor | None = None  # (B, T) trainer's logprobs before the update
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
@@ -60,6 +61,8 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
     logp = torch.zeros((n, width))
     rewards = torch.zeros((n, width))
     versions = torch.full((n, width), -1, dtype=torch.long)
+    state_ids = torch.full((n, width), -1, dtype=torch.long)
+    states: dict[tuple[int, str], int] = {}
     groups: dict[int, int] = {}
     index = torch.zeros(n, dtype=torch.long)
     for i, t in enumerate(trajectories):
@@ -73,6 +76,12 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
             if pos >= 0:
                 rewards[i, pos] += r
         index[i] = groups.setdefault(t.group_id, len(groups))
+        start = 0
+        for pos, key in zip(t.reward_positions, t.turn_states):
+            if pos >= start:
+                state_ids[i, start:pos + 1] = states.setdefault((t.group_id, key), len(states))
+                start = pos + 1
     # Position 0 can never be predicted (no context): keep it out of every loss.
     mask[:, 0] = 0.0
-    return Batch(ids, attn, mask, logp, rewards, versions, index)
+    state_ids[mask == 0] = -1
+    return Batch(ids, attn, mask, logp, rewards, versions, index, state_ids)

@@ -121,7 +121,7 @@ class Trainer:
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Advantages and returns from the configured estimator."""
         return compute_advantages(self.cfg.algorithm.adv_estimator, batch.token_rewards, batch.loss_mask,
-                                  batch.group_index, None, self.cfg.algorithm)
+                                  batch.group_index, None, self.cfg.algorithm, batch.state_ids)
 
     def sync(self) -> None:
         """Push the updated weights to the engine, so the next rollouts use them."""
@@ -144,7 +144,18 @@ class Trainer:
             out["eval/optimal_success"] = _mean(optimal)
         if self.eval_baselines is not None:
             out.update({f"eval/baseline_{k}": v for k, v in self.eval_baselines(trajs).items()})
+        self._write_samples(trajs[:2])
         return out
+
+    def _write_samples(self, trajs: list[Trajectory]) -> None:
+        """Append a few decoded eval episodes to samples.jsonl, for people to read."""
+        import json
+
+        with open(self.run_dir / "samples.jsonl", "a") as f:
+            for t in trajs:
+                text = self.tokenizer.decode(t.token_ids, skip_special_tokens=False)
+                f.write(json.dumps({"step": self.step_idx, "reward": t.total_reward,
+                                    "success": bool(t.info.get("success")), "text": text}) + "\n")
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self) -> None:

@@ -22,7 +22,7 @@ def test_grpo_hand_computed():
     index = torch.tensor([0, 0, 0, 0, 1, 1])
     mask = torch.ones(6, 5)
     mask[:, 0] = 0
-    adv, ret = grpo(_rewards(scores), mask, index, None, AlgorithmConfig())
+    adv, ret = grpo(_rewards(scores), mask, index, None, AlgorithmConfig(credit="outcome"))
     s0 = math.sqrt(1 / 3)
     expected = [0.5 / s0, -0.5 / s0, -0.5 / s0, 0.5 / s0, -1 / math.sqrt(2), 1 / math.sqrt(2)]
     for i, e in enumerate(expected):
@@ -36,7 +36,7 @@ def test_grpo_sums_to_zero_in_each_group_and_respects_mask():
     scores = torch.randn(12).tolist()
     index = torch.arange(12) // 4
     mask = (torch.rand(12, 7) > 0.3).float()
-    adv, _ = grpo(_rewards(scores, 7, 6), mask, index, None, AlgorithmConfig())
+    adv, _ = grpo(_rewards(scores, 7, 6), mask, index, None, AlgorithmConfig(credit="outcome"))
     per_seq = torch.tensor([adv[i][mask[i] > 0][0] if mask[i].any() else 0.0 for i in range(12)])
     for g in range(3):
         rows = [i for i in range(12) if index[i] == g and mask[i].any()]
@@ -49,16 +49,16 @@ def test_dr_grpo_does_not_divide_and_singleton_group_keeps_raw_score():
     index = torch.tensor([0, 0, 1])
     mask = torch.ones(3, 5)
     adv, _ = grpo(_rewards([3.0, 1.0, 5.0]), mask, index, None,
-                  AlgorithmConfig(norm_adv_by_std_in_grpo=False))
+                  AlgorithmConfig(norm_adv_by_std_in_grpo=False, credit="outcome"))
     assert adv[:, -1].tolist() == pytest.approx([1.0, -1.0, 5.0])
 
 
 def test_equal_rewards_give_zero_advantage():
-    adv, _ = grpo(_rewards([1.0] * 4), torch.ones(4, 5), torch.zeros(4, dtype=torch.long), None, AlgorithmConfig())
+    adv, _ = grpo(_rewards([1.0] * 4), torch.ones(4, 5), torch.zeros(4, dtype=torch.long), None, AlgorithmConfig(credit="outcome"))
     assert torch.all(adv == 0)
 
 
 def test_unknown_estimator_lists_known():
     with pytest.raises(RegistryError, match="Known: .*grpo"):
         compute_advantages("grpoo", torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, dtype=torch.long),
-                           None, AlgorithmConfig())
+                           None, AlgorithmConfig(credit="outcome"))

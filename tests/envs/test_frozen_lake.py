@@ -48,7 +48,7 @@ def blind_score(descs, seq):
 async def test_default_board_text_and_info():
     env = FrozenLakeEnv(progress_reward=0.0)
     obs, info = await env.reset(seed=0)
-    assert obs == "P _ _ _\n_ O _ O\n_ _ _ O\nO _ _ G"
+    assert obs == "P _ _ _\n_ O _ O\n_ _ _ O\nO _ _ G\nP: row 1, column 1."
     assert info == {"optimal_success": 1.0, "map": "SFFF/FHFH/FFFH/HFFG"}
     assert "<answer>" in env.instructions and "Left" in env.instructions
 
@@ -82,7 +82,8 @@ async def test_lockstep_with_gymnasium(seed, slippery):
         obs, reward, term, trunc, step_info = await env.step(f"<answer>{ACTION_NAMES[a]}</answer>")
         ref_pos, ref_reward, ref_term, _, _ = ref.step(a)
         assert env.position == ref_pos
-        assert obs == render_board(desc, ref_pos)
+        assert obs.split("\nP: ")[0] == render_board(desc, ref_pos)
+        assert obs.endswith(f"P: row {ref_pos // len(desc) + 1}, column {ref_pos % len(desc) + 1}.")
         assert reward == float(ref_reward)  # default rewards equal Gymnasium's (1, 0, 0)
         assert term == ref_term
         assert step_info["action"] == ACTION_NAMES[a]
@@ -210,7 +211,7 @@ async def test_invalid_reply_keeps_state(reply):
     await env.step("Right")
     out, reward, term, trunc, info = await env.step(reply)
     if parse_action(reply) is None:
-        assert out == "_ P _ _\n_ O _ O\n_ _ _ O\nO _ _ G" and reward == -0.5
+        assert out == "_ P _ _\n_ O _ O\n_ _ _ O\nO _ _ G\nP: row 1, column 2." and reward == -0.5
         assert info["action_valid"] is False and info["action"] is None
         assert not term and not trunc
     else:
@@ -231,7 +232,7 @@ async def test_reaching_goal():
     obs, r, term, trunc, info = await env.step("<answer>Right</answer>")
     assert rewards == [-0.01] * 5
     assert (r, term, trunc, info["success"]) == (1.0, True, False, True)
-    assert obs.endswith("O _ _ P")
+    assert obs.endswith("O _ _ P\nP: row 4, column 4.")
     with pytest.raises(EnvError):
         await env.step("Left")
 
@@ -358,3 +359,12 @@ def test_map_blind_baseline_from_eval_trajectories():
     out = FrozenLakeEnv(map_name=None, max_steps=6).eval_baselines(trajs)
     assert out["map_blind"] == pytest.approx(best_blind_success(maps, 6)[0])
     assert 0.2 < out["map_blind"] < 0.7
+
+
+async def test_position_line_can_be_turned_off():
+    obs, _ = await FrozenLakeEnv(show_position=False).reset(seed=0)
+    assert obs == "P _ _ _\n_ O _ O\n_ _ _ O\nO _ _ G"
+    env = FrozenLakeEnv()
+    await env.reset(seed=0)
+    obs, *_ = await env.step("Down")
+    assert obs.endswith("P: row 2, column 1.")

@@ -1,0 +1,95 @@
+"""End-to-end: the real `agentrl train` entry point with a tiny budget, determinism, errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import load_config
+from agentrl.metrics import read_jsonl
+from agentrl.runtime.local import train
+
+TINY = [
+    "model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64",
+    "model.tiny.vocab_size=300", "model.warm_start.max_steps=4", "model.warm_start.batch_size=4",
+    "rollout.batch_size=4", "rollout.group_size=2", "actor.ppo_mini_batch_size=4", "actor.micro_batch_size=2",
+    "env.max_turns=3", "env.args.max_steps=3", "trainer.total_steps=2", "trainer.test_freq=1",
+    "trainer.eval_episodes=2", "trainer.save_freq=1", "trainer.progress=false",
+    "trainer.logger=[jsonl,tensorboard]",
+]
+
+
+def _agentrl(*args, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, **(env or {})}, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("model_cache")
+
+
+def test_smoke_run_of_the_cli_writes_the_run_folder(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    res = _agentrl("train", "configs/frozen_lake.yaml", *TINY, f"run_dir={run}", f"model.cache_dir={cache_dir}",
+                   cwd=Path(__file__).parents[2])
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    for key in ("eval_success_before", "eval_success_after", "eval_optimum", "wall_seconds"):
+        assert key in summary
+    assert summary["eval_optimum"] == 1.0 or summary["eval_optimum"] == 0.0  # 3 steps cannot reach G
+    rows = read_jsonl(run / "metrics.jsonl")
+    steps = [r["step"] for r in rows if "reward/mean" in r]
+    assert steps == [1, 2]
+    assert any(k.startswith("loss/") for k in rows[1]) and any(k.startswith("perf/") for k in rows[1])
+    assert (run / "config.yaml").is_file() and (run / "curves.png").stat().st_size > 0
+    assert list((run / "tensorboard").glob("events.out.tfevents*"))
+    ckpt = sorted((run / "checkpoints").iterdir())[-1]
+    assert (ckpt / "model.safetensors").is_file() and (ckpt / "optimizer.pt").is_file()
+    assert "eval_success_after" in res.stdout  # the closing summary table
+    # agentrl eval evaluates the saved checkpoint
+    res = _agentrl("eval", str(run), f"model.cache_dir={cache_dir}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "eval/success" in res.stdout
+
+
+def test_same_seed_same_metrics(tmp_path, cache_dir):
+    rows = []
+    for name in ("a", "b"):
+        cfg = load_config("configs/frozen_lake.yaml", [*TINY, f"run_dir={tmp_path / name}",
+                                                       f"model.cache_dir={cache_dir}"])
+        train(cfg, log=lambda m: None)
+        rows.append([{k: v for k, v in r.items() if not k.startswith("perf/")}
+                     for r in read_jsonl(tmp_path / name / "metrics.jsonl")])
+    assert rows[0] == rows[1]
+    assert any("reward/mean" in r for r in rows[0])
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["configs/frozen_lake.yaml", "trainer.totl_steps=5"], "Did you mean 'trainer.total_steps'?"),
+    (["model.path=/nonexistent/model/dir"], "model.path='/nonexistent/model/dir': no such directory"),
+    (["env.type=frozen_lak"], "unknown env type 'frozen_lak'. Did you mean 'frozen_lake'?"),
+    (["rollout.batch_size=30"], "not a multiple of rollout.group_size=8"),
+])
+def test_cli_errors_are_one_line(args, expected):
+    res = _agentrl("train", *args, cwd=Path(__file__).parents[2])
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], res.stderr
+
+
+def test_yaml_syntax_error_and_config_name(tmp_path):
+    (tmp_path / "broken.yaml").write_text("trainer:\n  total_steps: [3\n")
+    res = _agentrl("train", "--config-path", str(tmp_path), "--config-name", "broken")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "YAML syntax error" in res.stderr and "broken.yaml" in res.stderr
+
+
+def test_help_lists_documented_fields():
+    res = _agentrl("train", "--help")
+    assert res.returncode == 0
+    assert "trainer.total_steps" in res.stdout and "Training steps" in res.stdout
+    assert "algorithm.adv_estimator" in res.stdout
