@@ -139,7 +139,7 @@ class AlgorithmConfig:
 class ActorConfig:
     """Policy optimisation (verl's actor_rollout_ref.actor)."""
 
-    lr: float = 2e-3
+    lr: float = 1e-3
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -147,7 +147,7 @@ class ActorConfig:
     """AdamW betas."""
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
-    ppo_mini_batch_size: int = 32
+    ppo_mini_batch_size: int = 16
     """Episodes per optimizer step; the batch is split into batch_size / this updates."""
     micro_batch_size: int = 16
     """Episodes per forward/backward (gradient accumulation inside a mini-batch)."""
@@ -159,6 +159,9 @@ class ActorConfig:
     """How token losses are averaged: token-mean."""
     grad_clip: float = 1.0
     """Max global grad norm; 0 turns clipping off."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus (token-mean over generated ids); keeps a policy from
+    collapsing onto one action before it has learned which state calls for which."""
 
 
 # ---------------------------------------------------------------------------- trainer
@@ -166,7 +169,7 @@ class ActorConfig:
 class TrainerConfig:
     """Loop length, evaluation, checkpoints and logging."""
 
-    total_steps: int = 40
+    total_steps: int = 60
     """Training steps (one rollout batch and one update each)."""
     test_freq: int = 10
     """Evaluate every N steps (and always before and after training); 0 = only before/after."""

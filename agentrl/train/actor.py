@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from agentrl.algos.losses import masked_mean, ppo_policy_loss
+from agentrl.algos.losses import aggregate, masked_mean, ppo_policy_loss
 from agentrl.config import ActorConfig
 from agentrl.train.batch import Batch
 
@@ -74,8 +74,10 @@ class Actor:
                     loss, pg = ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
                                                cfg.clip_ratio_low, cfg.clip_ratio_high,
                                                cfg.loss_agg_mode, n_tokens)
+                    if cfg.entropy_coeff:
+                        loss = loss - cfg.entropy_coeff * aggregate(entropy, mb.loss_mask, cfg.loss_agg_mode, n_tokens)
                     loss.backward()
-                    _append(stats, "loss/policy", float(loss) * n_tokens / max(float(mb.loss_mask.sum()), 1.0))
+                    _append(stats, "loss/policy", float(loss.detach()) * n_tokens / max(float(mb.loss_mask.sum()), 1.0))
                     _append(stats, "policy/pg_clipfrac", float(pg["pg_clipfrac"]))
                     _append(stats, "policy/ppo_kl", float(pg["ppo_kl"]))
                     _append(stats, "policy/entropy", float(masked_mean(entropy.detach(), mb.loss_mask)))

@@ -36,7 +36,7 @@ def warm_start(model: torch.nn.Module, demos: Callable[[int], list[Trajectory]],
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss_v = float(loss)
+        loss_v = float(loss.detach())
         at_floor = at_floor + 1 if loss_v - floor < cfg.floor_tolerance else 0
         if log and (step % 20 == 0 or at_floor >= cfg.patience):
             log(f"warm start step {step}: loss {loss_v:.4f} (floor {floor:.4f})")

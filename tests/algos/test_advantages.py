@@ -62,3 +62,35 @@ def test_unknown_estimator_lists_known():
     with pytest.raises(RegistryError, match="Known: .*grpo"):
         compute_advantages("grpoo", torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, dtype=torch.long),
                            None, AlgorithmConfig(credit="outcome"))
+
+
+def test_turn_returns_cross_observation_gaps():
+    from agentrl.algos.advantages import turn_returns
+
+    # two turns: generated ids at 1-2 and 5-6, an observation (mask 0) between them
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 0.0]])
+    rewards = torch.tensor([[0, 0, 0.5, 0, 0, 0, 1.0, 0]])
+    assert turn_returns(rewards, mask, 1.0).tolist() == [[0, 1.5, 1.5, 0, 0, 1.0, 1.0, 0]]
+    assert turn_returns(rewards, mask, 0.5).tolist() == [[0, 1.0, 1.0, 0, 0, 1.0, 1.0, 0]]
+
+
+def test_turn_credit_grpo_hand_computed():
+    mask = torch.tensor([[0, 1, 0, 1.0], [0, 1, 0, 1.0]])
+    rewards = torch.tensor([[0, 1.0, 0, 0], [0, 0, 0, 1.0]])
+    # turn returns (gamma=1): row 0 -> [1, 0], row 1 -> [1, 1]; group mean 0.75, unbiased std 0.5
+    adv, _ = grpo(rewards, mask, torch.tensor([0, 0]), None, AlgorithmConfig(credit="turn", gamma=1.0))
+    assert torch.allclose(adv, torch.tensor([[0, 0.5, 0, -1.5], [0, 0.5, 0, 0.5]]), atol=1e-5)
+
+
+def test_gigpo_compares_turns_from_the_same_state():
+    from agentrl.algos.advantages import gigpo
+
+    mask = torch.tensor([[0, 1, 0, 1.0], [0, 1, 0, 1.0]])
+    rewards = torch.tensor([[0, 1.0, 0, 0], [0, 0, 0, 0.0]])
+    # both episodes start in state 0; row 0's second turn is in state 1, row 1's in state 2
+    states = torch.tensor([[-1, 0, -1, 1], [-1, 0, -1, 2]])
+    cfg = AlgorithmConfig(gamma=0.0, norm_adv_by_std_in_grpo=False)
+    adv, _ = gigpo(rewards, mask, torch.tensor([0, 0]), None, cfg, states)
+    # episode level: scores 1 and 0 -> +0.5 / -0.5; step level in state 0: 1 - 0.5 and 0 - 0.5;
+    # states 1 and 2 were each visited once: no step-level advantage
+    assert torch.allclose(adv, torch.tensor([[0, 1.0, 0, 0.5], [0, -1.0, 0, -0.5]]), atol=1e-5)
