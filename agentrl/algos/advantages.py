@@ -66,14 +66,11 @@ def grpo(
     if config.credit == "turn":
         return _grpo_turns(token_rewards, response_mask, index, config)
     scores = token_rewards.sum(dim=-1)
-    groups, inverse, counts = torch.unique(index, return_inverse=True, return_counts=True)
-    n = counts.to(scores.dtype)
-    mean = torch.zeros(len(groups), dtype=scores.dtype).index_add_(0, inverse, scores) / n
+    _, inverse = torch.unique(index, return_inverse=True)
+    count, mean, std = group_stats(scores, inverse)
     centered = scores - mean[inverse]
-    sq = torch.zeros(len(groups), dtype=scores.dtype).index_add_(0, inverse, centered**2)
-    std = torch.sqrt(sq / (n - 1).clamp(min=1))
     # verl: a group of one has mean 0 and std 1, so its advantage is its raw score.
-    single = counts[inverse] == 1
+    single = count[inverse] == 1
     centered = torch.where(single, scores, centered)
     std_row = torch.where(single, torch.ones_like(scores), std[inverse])
     adv = centered / (std_row + EPS) if config.norm_adv_by_std_in_grpo else centered
@@ -115,21 +112,25 @@ def turn_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma
 
 def _grpo_turns(token_rewards, response_mask, index, config):
     returns = turn_returns(token_rewards, response_mask, config.gamma)
-    ends = turn_ends(response_mask)
-    rows, cols = ends.nonzero(as_tuple=True)
-    scores = returns[rows, cols]
+    rows, cols = turn_ends(response_mask).nonzero(as_tuple=True)
     groups, inverse = torch.unique(index[rows], return_inverse=True)
-    n = torch.zeros(len(groups), dtype=scores.dtype).index_add_(0, inverse, torch.ones_like(scores))
-    mean = torch.zeros(len(groups), dtype=scores.dtype).index_add_(0, inverse, scores) / n
-    sq = torch.zeros(len(groups), dtype=scores.dtype).index_add_(0, inverse, (scores - mean[inverse]) ** 2)
-    std = torch.sqrt(sq / (n - 1).clamp(min=1))
-    group_of_row = torch.full((index.shape[0],), -1, dtype=torch.long)
+    _, mean, std = group_stats(returns[rows, cols], inverse, len(groups))
+    group_of_row = torch.zeros(index.shape[0], dtype=torch.long)
     group_of_row[rows] = inverse
-    g = group_of_row.clamp(min=0)
-    centered = returns - mean[g].unsqueeze(1)
-    adv = centered / (std[g].unsqueeze(1) + EPS) if config.norm_adv_by_std_in_grpo else centered
-    adv = adv * response_mask
+    centered = returns - mean[group_of_row].unsqueeze(1)
+    if config.norm_adv_by_std_in_grpo:
+        centered = centered / (std[group_of_row].unsqueeze(1) + EPS)
+    adv = centered * response_mask
     return adv, adv
+
+
+def group_stats(values: torch.Tensor, ids: torch.Tensor, size: int | None = None):
+    """Per-id count, mean and unbiased std of `values` (N,) with ids (N,) in [0, size)."""
+    size = int(ids.max()) + 1 if size is None and ids.numel() else (size or 0)
+    count = torch.zeros(size, dtype=values.dtype).index_add_(0, ids, torch.ones_like(values))
+    mean = torch.zeros(size, dtype=values.dtype).index_add_(0, ids, values) / count.clamp(min=1)
+    sq = torch.zeros(size, dtype=values.dtype).index_add_(0, ids, (values - mean[ids]) ** 2)
+    return count, mean, torch.sqrt(sq / (count - 1).clamp(min=1))
 
 
 @register_estimator("gigpo")
@@ -148,12 +149,8 @@ def gigpo(
     episode, _ = grpo(token_rewards, response_mask, index, None, outcome)
     returns = turn_returns(token_rewards, response_mask, config.gamma)
     ends = turn_ends(response_mask) & (state_ids >= 0)
-    ids, g = state_ids[ends], returns[ends]
     size = int(state_ids.max()) + 1 if state_ids.numel() else 0
-    count = torch.zeros(size, dtype=g.dtype).index_add_(0, ids, torch.ones_like(g))
-    mean = torch.zeros(size, dtype=g.dtype).index_add_(0, ids, g) / count.clamp(min=1)
-    sq = torch.zeros(size, dtype=g.dtype).index_add_(0, ids, (g - mean[ids]) ** 2)
-    std = torch.sqrt(sq / (count - 1).clamp(min=1))
+    count, mean, std = group_stats(returns[ends], state_ids[ends], size)
     sid = state_ids.clamp(min=0)
     step = returns - mean[sid]
     if config.norm_adv_by_std_in_grpo:
