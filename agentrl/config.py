@@ -159,6 +159,12 @@ class ActorConfig:
     """How token losses are averaged: token-mean."""
     grad_clip: float = 1.0
     """Max global grad norm; 0 turns clipping off."""
+    use_kl_loss: bool = False
+    """Add a KL-to-reference term to the loss (the reference is the starting policy, frozen)."""
+    kl_loss_coef: float = 0.05
+    """Weight of the KL loss."""
+    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = "low_var_kl"
+    """KL estimator: kl (k1), abs, mse (k2), low_var_kl (k3, clamped as verl does)."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus (token-mean over generated ids); keeps a policy from
     collapsing onto one action before it has learned which state calls for which."""

@@ -50,3 +50,23 @@ def ppo_policy_loss(
         "ppo_kl": masked_mean(-log_ratio, mask).detach(),
     }
     return loss, stats
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
+    """Per-token KL estimate between the policy and a reference, (B, T).
+
+    kl (k1): logp - ref; abs: |logp - ref|; mse (k2): 0.5 (logp - ref)^2;
+    low_var_kl (k3, Schulman 2020): exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10]
+    as verl does. All are 0 where the two policies agree.
+    """
+    diff = logprobs - ref_logprobs
+    if kind == "kl":
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind == "mse":
+        return 0.5 * diff.square()
+    if kind == "low_var_kl":
+        log_ratio = (-diff).clamp(-20.0, 20.0)
+        return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
+    raise ValueError(f"kl_loss_type '{kind}' is unknown; use kl, abs, mse or low_var_kl")

@@ -24,7 +24,7 @@ from agentrl.llm.local import LocalEngine
 from agentrl.models.loading import DTYPES, load_pretrained, save_pretrained
 from agentrl.registry import AGENTS, ENVS
 from agentrl.rollout.collector import RolloutCollector, make_tasks
-from agentrl.train.actor import Actor
+from agentrl.train.actor import Actor, Reference
 from agentrl.train.trainer import Trainer
 
 WARM_START_VERSION = 2  # bump when the warm-start recipe changes, to invalidate cached models
@@ -151,10 +151,14 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
                          seed=cfg.seed)
     collector = RolloutCollector(env_factory, make_agent(cfg, tokenizer), engine)
     actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature)
+    # The reference exists only when a KL term needs it: it costs a model copy and a forward.
+    reference = (Reference(copy.deepcopy(model), cfg.actor.micro_batch_size, cfg.rollout.temperature)
+                 if cfg.actor.use_kl_loss else None)
     env = env_factory()
     baselines = getattr(env, "eval_baselines", None)
     env.close()
-    return Trainer(cfg, actor, engine, collector, tokenizer, run_dir, eval_baselines=baselines)
+    return Trainer(cfg, actor, engine, collector, tokenizer, run_dir, eval_baselines=baselines,
+                   reference=reference)
 
 
 def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:

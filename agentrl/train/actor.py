@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from agentrl.algos.losses import aggregate, masked_mean, ppo_policy_loss
+from agentrl.algos.losses import aggregate, kl_penalty, masked_mean, ppo_policy_loss
 from agentrl.config import ActorConfig
 from agentrl.train.batch import Batch
 
@@ -29,6 +29,34 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     return logp, torch.nn.functional.pad(entropy, (1, 0))
 
 
+@torch.no_grad()
+def batch_logprobs(model: torch.nn.Module, batch: Batch, micro_batch_size: int,
+                   temperature: float) -> torch.Tensor:
+    """`model`'s logprobs of every token of `batch`, (B, T), computed in micro-batches."""
+    model.eval()
+    device = next(model.parameters()).device
+    out = torch.zeros_like(batch.behaviour_logprobs)
+    for start in range(0, batch.size, micro_batch_size):
+        rows = torch.arange(start, min(start + micro_batch_size, batch.size))
+        mb = batch.select(rows).to(device)
+        lp = token_logprobs(model, mb.input_ids, mb.attention_mask, temperature)
+        out[rows, : lp.shape[1]] = lp.cpu()
+    return out
+
+
+class Reference:
+    """A frozen copy of the starting policy, for KL terms."""
+
+    def __init__(self, model: torch.nn.Module, micro_batch_size: int, temperature: float) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """The reference policy's logprobs, (B, T)."""
+        return batch_logprobs(self.model, batch, self.micro_batch_size, self.temperature)
+
+
 class Actor:
     """Holds the policy model and its optimizer."""
 
@@ -44,17 +72,9 @@ class Actor:
         """Where the model lives."""
         return next(self.model.parameters()).device
 
-    @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """The current policy's logprobs for the whole batch, (B, T)."""
-        self.model.eval()
-        out = torch.zeros_like(batch.behaviour_logprobs)
-        for start in range(0, batch.size, self.cfg.micro_batch_size):
-            rows = torch.arange(start, min(start + self.cfg.micro_batch_size, batch.size))
-            mb = batch.select(rows).to(self.device)
-            lp = token_logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature)
-            out[rows, : lp.shape[1]] = lp.cpu()
-        return out
+        return batch_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over mini-batches (one optimizer step each) of micro-batches."""
@@ -74,6 +94,11 @@ class Actor:
                     loss, pg = ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
                                                cfg.clip_ratio_low, cfg.clip_ratio_high,
                                                cfg.loss_agg_mode, n_tokens)
+                    if cfg.use_kl_loss:
+                        kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)
+                        kl_loss = aggregate(kl, mb.loss_mask, cfg.loss_agg_mode, n_tokens)
+                        loss = loss + cfg.kl_loss_coef * kl_loss
+                        _append(stats, "loss/kl", float(masked_mean(kl.detach(), mb.loss_mask)))
                     if cfg.entropy_coeff:
                         loss = loss - cfg.entropy_coeff * aggregate(entropy, mb.loss_mask, cfg.loss_agg_mode, n_tokens)
                     loss.backward()

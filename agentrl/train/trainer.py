@@ -34,7 +34,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, actor: Actor, engine: Any, collector: RolloutCollector,
                  tokenizer: Any, run_dir: Path,
-                 eval_baselines: Callable[[list[Trajectory]], dict[str, float]] | None = None) -> None:
+                 eval_baselines: Callable[[list[Trajectory]], dict[str, float]] | None = None,
+                 reference: Any = None) -> None:
         self.cfg = cfg
         self.actor = actor
         self.engine = engine
@@ -42,6 +43,7 @@ class Trainer:
         self.tokenizer = tokenizer
         self.run_dir = Path(run_dir)
         self.eval_baselines = eval_baselines
+        self.reference = reference
         self.timer = Timer()
         self.step_idx = 0
         self.summary: dict[str, Any] = {}
@@ -89,6 +91,8 @@ class Trainer:
             batch = pack(result.trajectories, self.tokenizer.pad_token_id)
         with self.timer.scope("score"):
             batch.old_logprobs = self.actor.compute_logprobs(batch)
+            if self.reference is not None:
+                batch.ref_logprobs = self.reference.compute_logprobs(batch)
         with self.timer.scope("advantages"):
             batch.advantages, batch.returns = self.advantages(batch)
         with self.timer.scope("update"):
