@@ -55,6 +55,11 @@ class WarmStartConfig:
     """Stop when the loss is within this (nats per reply token) of the uniform-action floor."""
     patience: int = 3
     """Consecutive steps at the floor needed to stop."""
+    min_steps: int = 0
+    """Train at least this many steps, floor or not."""
+    observation_loss: bool = True
+    """Also learn to predict the env's own text (observations, template); this builds the
+    attention that reads observations, which reply-only demonstrations teach the model to ignore."""
 
 
 @dataclass

@@ -1,8 +1,15 @@
 """Supervised warm start: teach a fresh model the reply format, not the best reply.
 
 Demonstrations carry uniformly random valid actions, so the best the model can do is to put
-equal mass on every valid reply: the loss has a floor of H(reply) per turn. Training stops as
-soon as the loss sits at that floor; anything the policy learns afterwards is learned by RL.
+equal mass on every valid reply: the reply loss has a floor of H(reply) per turn. Training stops
+as soon as the reply loss sits at that floor; anything the policy learns afterwards about which
+move is best is learned by RL.
+
+With `observation_loss` the model also learns to predict the env's own text (boards, template,
+the position line). Replies alone teach a model to ignore its context (measured: the warm-started
+tiny model gave the same action distribution for a FrozenLake board and for "hello world", and
+could not then learn state-dependent moves even from oracle labels); predicting observations
+builds the attention that reads them, without saying anything about which move is best.
 """
 
 from __future__ import annotations
@@ -31,16 +38,22 @@ def warm_start(model: torch.nn.Module, demos: Callable[[int], list[Trajectory]],
         n_tokens = batch.loss_mask.sum().clamp(min=1.0)
         floor = float(sum(t.num_turns for t in trajs) * reply_entropy / n_tokens)
         logp = token_logprobs(model, batch.input_ids, batch.attention_mask)
-        loss = -(logp * batch.loss_mask).sum() / n_tokens
+        reply_loss = -(logp * batch.loss_mask).sum() / n_tokens
+        loss = reply_loss
+        if cfg.observation_loss:
+            lm_mask = batch.attention_mask.float()
+            lm_mask[:, 0] = 0.0
+            loss = -(logp * lm_mask).sum() / lm_mask.sum().clamp(min=1.0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss_v = float(loss.detach())
+        loss_v = float(reply_loss.detach())
         at_floor = at_floor + 1 if loss_v - floor < cfg.floor_tolerance else 0
-        if log and (step % 20 == 0 or at_floor >= cfg.patience):
-            log(f"warm start step {step}: loss {loss_v:.4f} (floor {floor:.4f})")
-        if at_floor >= cfg.patience:
+        if log and step % 20 == 0:
+            log(f"warm start step {step}: reply loss {loss_v:.4f} (floor {floor:.4f}), "
+                f"all-token loss {float(loss.detach()):.4f}")
+        if at_floor >= cfg.patience and step >= cfg.min_steps:
             break
     model.eval()
     return {"steps": step, "loss": loss_v, "floor": floor, "reached_floor": at_floor >= cfg.patience}

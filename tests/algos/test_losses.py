@@ -46,3 +46,25 @@ def test_token_mean_with_global_token_count():
     assert float(aggregate(loss, mask, num_tokens=8.0)) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="token-mean"):
         aggregate(loss, mask, "seq-mean-token-max")
+
+
+@pytest.mark.parametrize("kind", ["kl", "abs", "mse", "low_var_kl"])
+def test_kl_estimators_are_zero_when_policies_agree(kind):
+    from agentrl.algos.losses import kl_penalty
+
+    logp = torch.log(torch.rand(3, 5))
+    assert torch.all(kl_penalty(logp, logp.clone(), kind) == 0)
+
+
+def test_kl_estimators_hand_computed():
+    from agentrl.algos.losses import kl_penalty
+
+    logp, ref = torch.tensor([[-1.0]]), torch.tensor([[-2.0]])
+    assert float(kl_penalty(logp, ref, "kl")) == pytest.approx(1.0)
+    assert float(kl_penalty(logp, ref, "abs")) == pytest.approx(1.0)
+    assert float(kl_penalty(logp, ref, "mse")) == pytest.approx(0.5)
+    # k3 = exp(ref - logp) - (ref - logp) - 1 = e^-1 + 1 - 1
+    assert float(kl_penalty(logp, ref, "low_var_kl")) == pytest.approx(torch.exp(torch.tensor(-1.0)).item())
+    assert float(kl_penalty(torch.tensor([[0.0]]), torch.tensor([[30.0]]), "low_var_kl")) == 10.0  # clamped
+    with pytest.raises(ValueError, match="low_var_kl"):
+        kl_penalty(logp, ref, "k4")
