@@ -18,7 +18,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def load_pretrained(path: str | Path, dtype: str = "float32"):
     """Load (model, tokenizer) from a local Hugging Face folder, with one-line errors."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -26,7 +26,7 @@ def load_pretrained(path: str | Path, dtype: str = "float32"):
     if not (p / "config.json").is_file():
         raise ConfigError(f"model.path={str(path)!r} has no config.json; expected a local Hugging Face model folder")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(p)
+        tokenizer = _load_tokenizer(p)
         model = AutoModelForCausalLM.from_pretrained(p, dtype=DTYPES[dtype])
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -36,6 +36,26 @@ def load_pretrained(path: str | Path, dtype: str = "float32"):
     if tokenizer.chat_template is None:
         raise ConfigError(f"tokenizer at model.path={str(path)!r} has no chat template; agents need one")
     return model, tokenizer
+
+
+def _load_tokenizer(path: Path):
+    """The tokenizer saved at `path`, with its tokenizer.json pipeline exactly as written.
+
+    `AutoTokenizer` picks a class from config.json's model type when it can (Qwen2Tokenizer for
+    a Qwen2 model), and in transformers 5 that class rebuilds the pre-tokenizer and normalizer
+    from its own defaults: a tokenizer saved as a plain `TokenizersBackend` (ours) then splits
+    digits differently on load than when the model was trained. Loading such folders with their
+    own class keeps the file's pipeline; every other folder goes through `AutoTokenizer`.
+    """
+    import json
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg_file = path / "tokenizer_config.json"
+    cls_name = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
+    if cls_name in ("TokenizersBackend", "PreTrainedTokenizerFast") and (path / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
 
 
 def save_pretrained(model, tokenizer, path: str | Path) -> Path:

@@ -10,8 +10,13 @@ def test_save_load_round_trip(tmp_path, tiny_model, tiny_tokenizer):
     model, tok = load_pretrained(path)
     for (k, a), (k2, b) in zip(tiny_model.state_dict().items(), model.state_dict().items()):
         assert k == k2 and torch.equal(a, b)
-    text = "<|im_start|>user\nP _ _ _\n<|im_end|>\n<answer>Left</answer>"
+    # Digits, words after spaces and line breaks: where transformers' Qwen2Tokenizer class would
+    # re-split the text (it replaced our pipeline on load once, and warm-started models then
+    # read tokenizations they had never seen).
+    text = ("<|im_start|>user\nP _ _ _\n_ O _ G\nP: row 12, column 3.<|im_end|>\n"
+            "<|im_start|>assistant\n<answer>Left</answer><|im_end|>\n 2024 x=10.5 ok")
     assert tok.encode(text, add_special_tokens=False) == tiny_tokenizer.encode(text, add_special_tokens=False)
+    assert tok.backend_tokenizer.to_str() == tiny_tokenizer.backend_tokenizer.to_str()
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|pad|>"
     assert tok.padding_side == "left"
     msgs = [{"role": "user", "content": "hi"}]
