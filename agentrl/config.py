@@ -138,6 +138,8 @@ class AlgorithmConfig:
     """Discount per agent turn for turn-level credit."""
     step_adv_weight: float = 1.0
     """GiGPO: weight of the step-level (same-state) advantage added to the episode-level one."""
+    episode_adv_weight: float = 1.0
+    """GiGPO: weight of the episode-level advantage; 0 leaves only same-state comparisons."""
 
 
 @dataclass

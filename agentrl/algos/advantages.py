@@ -156,5 +156,5 @@ def gigpo(
     if config.norm_adv_by_std_in_grpo:
         step = step / (std[sid] + EPS)
     step = torch.where((state_ids >= 0) & (count[sid] > 1), step, torch.zeros_like(step))
-    adv = (episode + config.step_adv_weight * step) * response_mask
+    adv = (config.episode_adv_weight * episode + config.step_adv_weight * step) * response_mask
     return adv, adv

@@ -27,7 +27,7 @@ from agentrl.rollout.collector import RolloutCollector, make_tasks
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.trainer import Trainer
 
-WARM_START_VERSION = 3  # bump when the warm-start recipe changes, to invalidate cached models
+WARM_START_VERSION = 4  # bump when the warm-start recipe changes, to invalidate cached models
 DEMO_SEED_BASE = 2_000_000
 
 
