@@ -128,14 +128,18 @@ class AlgorithmConfig:
     """Advantage estimation."""
 
     adv_estimator: str = "grpo"
-    """Registered advantage estimator: grpo, gigpo."""
+    """Registered advantage estimator: grpo, rloo, reinforce_plus_plus,
+    reinforce_plus_plus_baseline, gae (needs critic.enable=true), gigpo."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's reward std; false gives Dr. GRPO."""
-    credit: Literal["outcome", "turn"] = "turn"
-    """outcome: one score per episode (sum of rewards); turn: each turn is credited with its
-    discounted return from that turn on, compared within the group."""
+    credit: Literal["outcome", "token", "turn"] = "turn"
+    """turn: each turn is credited with its discounted return from that turn on (gamma, lam per
+    turn); token: verl's semantics, rewards where the env gave them, gamma and lam per generated
+    token; outcome: each episode's summed reward on its last generated token, then as token."""
     gamma: float = 1.0
-    """Discount per agent turn for turn-level credit."""
+    """Discount: per agent turn (credit=turn) or per generated token (token/outcome)."""
+    lam: float = 1.0
+    """GAE lambda (verl's algorithm.lam)."""
     step_adv_weight: float = 1.0
     """GiGPO: weight of the step-level (same-state) advantage added to the episode-level one."""
     episode_adv_weight: float = 1.0

@@ -4,29 +4,38 @@ Every estimator takes
     token_rewards  (B, T) float32  reward of each turn at that turn's last generated id, 0 elsewhere
     response_mask  (B, T) float32  1 on ids the policy generated, 0 on prompt/observations/padding
     index          (B,)   int64    group id of each sequence (episodes sharing an env seed)
-    values         (B, T) float32 or None (critic values, for estimators that use one)
+    values         (B, T) float32 or None: critic values, values[:, t] = V(ids before t)
     config         AlgorithmConfig
     state_ids      (B, T) int64 or None: id of the env state each generated token's turn started
                    from (unique per group), -1 elsewhere, for step-level baselines
 and returns (advantages, returns), both (B, T) float32 and zero where response_mask is 0.
-Masks are transparent: an observation between two turns neither gets advantage nor cuts
-credit. The trainer calls `compute_advantages(name, ...)` and never special-cases a name.
+The trainer calls `compute_advantages(name, ...)` and never special-cases a name.
 
-GRPO (Shao et al. 2024, DeepSeekMath), `credit="outcome"`: the outcome score of a sequence is
-the sum of its token rewards; its advantage is (score - group mean) / (group std + eps),
-broadcast to every generated token. As in verl: the std is the unbiased one (torch.std), a group
-of one gets mean 0 and std 1, eps = 1e-6, and `norm_adv_by_std_in_grpo=false` gives Dr. GRPO.
+## Credit (`config.credit`)
+- `token`: verl's semantics exactly. Rewards stay where they are; recursions run over generated
+  ids with gamma and lam per generated id; group estimators score a sequence by its reward sum.
+- `outcome`: the trainer first moves each episode's summed reward onto its last generated id
+  (`outcome_rewards`), then the estimator runs as under `token`.
+- `turn`: our multi-turn extension. A turn's return is G_k = r_k + gamma * G_{k+1} (gamma per
+  agent turn); group estimators compare turn returns within the group; GAE runs its TD
+  recursion over turns (the value of turn k is the critic's value before its first id).
 
-Turn-level GRPO, `credit="turn"` (our extension for multi-turn episodes): a turn's score is its
-discounted return from that turn on, G_k = r_k + gamma * G_{k+1} (gamma per agent turn, not
-per token); the baseline is the mean (and std) of every turn score in the group, and each
-generated token gets its own turn's normalised score. A turn ends at its last generated id
-(mask 1 followed by mask 0 or the end), which is where the rollout places the turn's reward.
+## Masks are transparent
+An id with mask 0 (prompt, observations, feedback between turns, padding) neither receives
+advantage nor breaks a recursion: GAE bootstraps from one generated id to the next generated
+id, and discounted returns carry a later reward back to earlier turns. verl's REINFORCE++
+restarts its running return at every masked position, so there an outcome reward never reaches
+earlier turns; on single-turn masks (prompt, response, padding) the two agree exactly.
 
-GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization"): the episode-level GRPO advantage
-plus `step_adv_weight` times a step-level one, where turns that start from the same env state
-(anchor state) in one group are compared: (G_k - mean) / (std + eps) over that anchor group,
-G_k the discounted turn return. Deviation: an anchor group of one turn gets step advantage 0.
+## Edge cases (one documented answer each)
+- A group of one: GRPO uses mean 0 and std 1 (verl), RLOO and REINFORCE++-baseline use
+  baseline 0 (verl), so the advantage is the raw score in all three.
+- Whitening (GAE, REINFORCE++, REINFORCE++-baseline) uses the mean and unbiased variance of all
+  generated ids in the batch (verl's masked_whiten); with fewer than two generated ids it gives 0.
+- Rewards on masked ids: group estimators sum every reward of a sequence (verl); the token-level
+  recursions (GAE, REINFORCE++) ignore them (verl); turn credit counts them for the turn they
+  follow.
+- `eps` = 1e-6 for group std, 1e-8 inside whitening, as verl.
 """
 
 from __future__ import annotations
@@ -48,8 +57,10 @@ def compute_advantages(
     config: AlgorithmConfig,
     state_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the estimator registered under `name`."""
+    """Run the estimator registered under `name` (credit=outcome first moves rewards to the end)."""
     fn = ESTIMATORS.get(name)
+    if config.credit == "outcome":
+        token_rewards = outcome_rewards(token_rewards, response_mask)
     return fn(token_rewards, response_mask, index, values, config, state_ids)
 
 
@@ -62,7 +73,12 @@ def grpo(
     config: AlgorithmConfig,
     state_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group-relative advantages (B, T), per episode or per turn; returns equal advantages."""
+    """GRPO (Shao et al. 2024): (score - group mean) / (group std + eps), (B, T).
+
+    Scores are sequence reward sums (token/outcome credit) or turn returns (turn credit, baseline
+    over every turn of the group). Std is torch.std's unbiased one as in verl;
+    `norm_adv_by_std_in_grpo=false` gives Dr. GRPO. Returns equal the advantages.
+    """
     if config.credit == "turn":
         return _grpo_turns(token_rewards, response_mask, index, config)
     scores = token_rewards.sum(dim=-1)
@@ -142,7 +158,12 @@ def gigpo(
     config: AlgorithmConfig,
     state_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Episode-level GRPO plus step-level advantages from anchor-state groups, (B, T)."""
+    """GiGPO (Feng et al. 2025): episode-level GRPO plus a step-level advantage, (B, T).
+
+    Turns that start from the same env state in one group (an anchor group) are compared by
+    their discounted turn returns: (G_k - mean) / (std + eps). Weighted by `episode_adv_weight`
+    and `step_adv_weight`. Deviation: an anchor group of one turn gets step advantage 0.
+    """
     if state_ids is None:
         raise ValueError("gigpo needs state_ids (the env state each turn started from)")
     outcome = AlgorithmConfig(**{**config.__dict__, "credit": "outcome"})
@@ -158,3 +179,201 @@ def gigpo(
     step = torch.where((state_ids >= 0) & (count[sid] > 1), step, torch.zeros_like(step))
     adv = (config.episode_adv_weight * episode + config.step_adv_weight * step) * response_mask
     return adv, adv
+
+
+# ---------------------------------------------------------------------------- shared pieces
+def outcome_rewards(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Each sequence's summed reward moved onto its last generated id, (B, T)."""
+    out = torch.zeros_like(token_rewards)
+    positions = torch.arange(response_mask.shape[1]).expand_as(response_mask)
+    last = torch.where(response_mask > 0, positions, -1).max(dim=1).values
+    rows = (last >= 0).nonzero(as_tuple=True)[0]
+    out[rows, last[rows]] = token_rewards[rows].sum(dim=1)
+    return out
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(values - mean) / sqrt(unbiased var + 1e-8) over masked entries (verl); 0 if < 2 entries."""
+    n = mask.sum()
+    if n < 2:
+        return torch.zeros_like(values)
+    mean = (values * mask).sum() / (n + 1e-8)
+    var = (((values - mean) ** 2) * mask).sum() / (n + 1e-8) * (n / (n - 1))
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
+def discounted_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Per-token discounted returns over generated ids, skipping masked ids, (B, T).
+
+    R_t = r_t + gamma * R_{t'} with t' the next generated id. Rewards on masked ids are ignored,
+    as verl's recursive estimators ignore them.
+    """
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros(token_rewards.shape[0], dtype=token_rewards.dtype)
+    for t in range(token_rewards.shape[1] - 1, -1, -1):
+        running = torch.where(response_mask[:, t] > 0, token_rewards[:, t] + gamma * running, running)
+        returns[:, t] = running
+    return returns * response_mask
+
+
+def _broadcast_group(scores: torch.Tensor, index: torch.Tensor):
+    """(count, mean, std) of each row's group, aligned with rows."""
+    _, inverse = torch.unique(index, return_inverse=True)
+    count, mean, std = group_stats(scores, inverse)
+    return count[inverse], mean[inverse], std[inverse]
+
+
+def _turn_scores(token_rewards, response_mask, index, gamma):
+    """Turn returns (B, T) and, per row, the sum and count of its turn returns plus group ids."""
+    returns = turn_returns(token_rewards, response_mask, gamma)
+    ends = turn_ends(response_mask)
+    row_sum = (returns * ends).sum(dim=1)
+    row_count = ends.sum(dim=1).to(returns.dtype)
+    _, inverse = torch.unique(index, return_inverse=True)
+    size = int(inverse.max()) + 1 if inverse.numel() else 0
+    g_sum = torch.zeros(size, dtype=returns.dtype).index_add_(0, inverse, row_sum)
+    g_count = torch.zeros(size, dtype=returns.dtype).index_add_(0, inverse, row_count)
+    return returns, row_sum, row_count, g_sum[inverse], g_count[inverse]
+
+
+# ---------------------------------------------------------------------------- RLOO
+@register_estimator("rloo")
+def rloo(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: torch.Tensor,
+    values: torch.Tensor | None,
+    config: AlgorithmConfig,
+    state_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO (Ahmadian et al. 2024): score minus the mean score of the other episodes, (B, T).
+
+    Token/outcome credit is verl's compute_rloo_outcome_advantage. Turn credit: each turn's
+    return minus the mean turn return of the group's other episodes. A group of one: baseline 0.
+    """
+    if config.credit == "turn":
+        returns, row_sum, row_count, g_sum, g_count = _turn_scores(token_rewards, response_mask, index,
+                                                                   config.gamma)
+        others = g_count - row_count
+        baseline = torch.where(others > 0, (g_sum - row_sum) / others.clamp(min=1), torch.zeros_like(g_sum))
+        adv = (returns - baseline.unsqueeze(1)) * response_mask
+        return adv, adv
+    scores = token_rewards.sum(dim=-1)
+    count, mean, _ = _broadcast_group(scores, index)
+    n = count
+    loo = scores * n / (n - 1).clamp(min=1) - mean * n / (n - 1).clamp(min=1)
+    adv = torch.where(n > 1, loo, scores).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+# ---------------------------------------------------------------------------- REINFORCE++
+@register_estimator("reinforce_plus_plus")
+def reinforce_plus_plus(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: torch.Tensor,
+    values: torch.Tensor | None,
+    config: AlgorithmConfig,
+    state_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025): discounted returns whitened over the batch's generated ids, (B, T).
+
+    Token/outcome credit: verl's compute_reinforce_plus_plus_outcome_advantage with transparent
+    masks (verl restarts the running return at masked ids; on single-turn masks they agree).
+    Turn credit: every id of a turn gets the turn's return G_k. Returns are the unwhitened ones.
+    """
+    if config.credit == "turn":
+        returns = turn_returns(token_rewards, response_mask, config.gamma)
+    else:
+        returns = discounted_returns(token_rewards, response_mask, config.gamma)
+    adv = masked_whiten(returns, response_mask) * response_mask
+    return adv, returns
+
+
+@register_estimator("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: torch.Tensor,
+    values: torch.Tensor | None,
+    config: AlgorithmConfig,
+    state_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline: score minus its group mean, then whitened over the batch, (B, T).
+
+    Token/outcome credit is verl's compute_reinforce_plus_plus_baseline_outcome_advantage.
+    Turn credit: each turn's return minus the group's mean turn return. A group of one: mean 0.
+    """
+    if config.credit == "turn":
+        returns, _, _, g_sum, g_count = _turn_scores(token_rewards, response_mask, index, config.gamma)
+        centered = returns - (g_sum / g_count.clamp(min=1)).unsqueeze(1)
+    else:
+        scores = token_rewards.sum(dim=-1)
+        count, mean, _ = _broadcast_group(scores, index)
+        centered = torch.where(count > 1, scores - mean, scores).unsqueeze(-1).expand_as(response_mask)
+    adv = masked_whiten(centered * response_mask, response_mask) * response_mask
+    return adv, adv
+
+
+# ---------------------------------------------------------------------------- GAE
+@register_estimator("gae")
+def gae(
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: torch.Tensor,
+    values: torch.Tensor | None,
+    config: AlgorithmConfig,
+    state_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (Schulman et al. 2016) with a critic; advantages whitened over generated ids, (B, T).
+
+    Token/outcome credit is verl's compute_gae_advantage_return (the mask-transparent version:
+    values and TD errors of masked ids are skipped). Turn credit runs the recursion over turns:
+    delta_k = r_k + gamma V_{k+1} - V_k, A_k = delta_k + gamma lam A_{k+1}, V_k the value before
+    turn k's first id; every id of turn k gets A_k and the return target A_k + V_k.
+    """
+    if values is None:
+        raise ValueError("adv_estimator 'gae' needs critic values: set critic.enable=true")
+    if config.credit == "turn":
+        adv, returns = _turn_gae(token_rewards, response_mask, values, config.gamma, config.lam)
+    else:
+        adv, returns = _token_gae(token_rewards, response_mask, values, config.gamma, config.lam)
+    adv = masked_whiten(adv, response_mask) * response_mask
+    return adv, returns * response_mask
+
+
+def _token_gae(rewards, mask, values, gamma, lam):
+    batch, width = rewards.shape
+    next_value = torch.zeros(batch, dtype=values.dtype)
+    last = torch.zeros(batch, dtype=values.dtype)
+    adv = torch.zeros_like(rewards)
+    for t in range(width - 1, -1, -1):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        new_last = delta + gamma * lam * last
+        next_value = values[:, t] * m + (1 - m) * next_value
+        last = new_last * m + (1 - m) * last
+        adv[:, t] = last
+    return adv, adv + values
+
+
+def _turn_gae(rewards, mask, values, gamma, lam):
+    ids = turn_ids(mask)
+    n_turns = int(ids.max()) if ids.numel() else 0
+    batch = rewards.shape[0]
+    per_turn = torch.zeros(batch, n_turns + 1, dtype=rewards.dtype).scatter_add_(1, ids, rewards)
+    starts = (mask > 0) & ~torch.nn.functional.pad(mask[:, :-1] > 0, (1, 0), value=False)
+    v_turn = torch.zeros(batch, n_turns + 2, dtype=values.dtype)
+    present = torch.zeros(batch, n_turns + 2, dtype=values.dtype)
+    rows, cols = starts.nonzero(as_tuple=True)
+    v_turn[rows, ids[rows, cols]] = values[rows, cols]
+    present[rows, ids[rows, cols]] = 1.0
+    adv_turn = torch.zeros(batch, n_turns + 1, dtype=values.dtype)
+    last = torch.zeros(batch, dtype=values.dtype)
+    for k in range(n_turns, 0, -1):
+        delta = per_turn[:, k] + gamma * v_turn[:, k + 1] * present[:, k + 1] - v_turn[:, k]
+        last = (delta + gamma * lam * last) * present[:, k]
+        adv_turn[:, k] = last
+    adv = adv_turn.gather(1, ids) * mask
+    returns = (adv_turn + v_turn[:, : n_turns + 1]).gather(1, ids) * mask
+    return adv, returns
