@@ -120,9 +120,38 @@ class RolloutConfig:
     """Most tokens per reply; a reply cut off there is treated as no answer (format penalty)."""
     max_num_seqs: int = 256
     """Most sequences the local engine decodes at once (vLLM's name)."""
+    rollout_filter_ratio: float = 1.0
+    """RAGEN's variance filter: keep this fraction of groups, those with the largest reward std
+    (1.0 keeps all)."""
 
 
 # ---------------------------------------------------------------------------- algorithm
+@dataclass
+class KLControlConfig:
+    """Coefficient of the KL penalty in the reward (verl's algorithm.kl_ctrl)."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """fixed keeps kl_coef; adaptive moves it towards target_kl (Ziegler et al. 2019)."""
+    kl_coef: float = 0.001
+    """Initial (or fixed) coefficient."""
+    horizon: int = 10000
+    """Adaptive controller horizon, in samples."""
+    target_kl: float = 0.1
+    """Adaptive controller target KL per sequence."""
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's algorithm.filter_groups)."""
+
+    enable: bool = False
+    """Drop groups whose episodes all got the same metric value (they carry no group signal)."""
+    metric: Literal["reward", "success"] = "reward"
+    """What must vary within a group: total reward, or success."""
+    max_num_gen_batches: int = 0
+    """Collect up to this many batches per step to refill dropped groups; 0 = no refill."""
+
+
 @dataclass
 class AlgorithmConfig:
     """Advantage estimation."""
@@ -144,6 +173,14 @@ class AlgorithmConfig:
     """GiGPO: weight of the step-level (same-state) advantage added to the episode-level one."""
     episode_adv_weight: float = 1.0
     """GiGPO: weight of the episode-level advantage; 0 leaves only same-state comparisons."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_ctrl.kl_coef * KL(policy || reference) from each generated token's reward."""
+    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"
+    """KL estimator for the reward penalty."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    """Coefficient of the reward penalty."""
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    """DAPO dynamic sampling."""
 
 
 @dataclass
@@ -166,8 +203,14 @@ class ActorConfig:
     """PPO clip range below 1 (ratio >= 1 - clip_ratio_low)."""
     clip_ratio_high: float = 0.2
     """PPO clip range above 1 (ratio <= 1 + clip_ratio_high); DAPO's clip-higher raises it."""
-    loss_agg_mode: Literal["token-mean"] = "token-mean"
-    """How token losses are averaged: token-mean."""
+    clip_ratio_c: Optional[float] = 3.0
+    """Dual-clip bound (> 1) for negative advantages, as verl; null turns it off."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = "token-mean"
+    """How token losses are averaged (verl's modes); seq-mean-token-sum-norm is Dr. GRPO's."""
+    loss_scale_factor: Optional[float] = None
+    """Constant divisor of seq-mean-token-sum-norm; null = the most tokens an episode can
+    generate (rollout.max_new_tokens * env.max_turns)."""
     grad_clip: float = 1.0
     """Max global grad norm; 0 turns clipping off."""
     use_kl_loss: bool = False
@@ -176,9 +219,42 @@ class ActorConfig:
     """Weight of the KL loss."""
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl"] = "low_var_kl"
     """KL estimator: kl (k1), abs, mse (k2), low_var_kl (k3, clamped as verl does)."""
+    tis_imp_ratio_cap: float = -1.0
+    """Truncated importance sampling (verl): weight each token by min(pi_old / pi_behaviour,
+    cap), correcting engine/trainer mismatch; <= 0 turns it off."""
+    use_decoupled_loss: bool = False
+    """AReaL's decoupled PPO: clip against the proximal policy (recomputed before the update)
+    and weight by pi_prox / pi_behaviour, for stale samples."""
+    behav_imp_weight_cap: Optional[float] = None
+    """Decoupled PPO: tokens whose behaviour weight exceeds this are dropped; null = no cap."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus (token-mean over generated ids); keeps a policy from
     collapsing onto one action before it has learned which state calls for which."""
+
+
+@dataclass
+class CriticConfig:
+    """The value model for GAE (verl's critic)."""
+
+    enable: bool = False
+    """Build and train a critic; adv_estimator=gae requires it."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    ppo_mini_batch_size: int = 16
+    """Episodes per optimizer step."""
+    micro_batch_size: int = 16
+    """Episodes per forward/backward."""
+    cliprange_value: float = 0.5
+    """Value clipping around the values computed before the update."""
+    grad_clip: float = 1.0
+    """Max global grad norm; 0 turns clipping off."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = "token-mean"
+    """How token value losses are averaged."""
 
 
 # ---------------------------------------------------------------------------- trainer
@@ -228,6 +304,8 @@ class Config:
     """Advantage estimation."""
     actor: ActorConfig = field(default_factory=ActorConfig)
     """Policy optimisation."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """Value model (GAE)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Loop, evaluation, checkpoints, logging."""
 
@@ -454,11 +532,41 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"actor.betas={a.betas} must be two numbers in [0, 1)")
     if not 0.0 <= cfg.algorithm.gamma <= 1.0:
         raise ConfigError(f"algorithm.gamma={cfg.algorithm.gamma} must be in [0, 1]")
+    _validate_algorithm(cfg)
     if t.test_freq < 0 or t.save_freq < 0:
         raise ConfigError("trainer.test_freq and trainer.save_freq must be >= 0")
     if cfg.model.path is not None and not Path(cfg.model.path).expanduser().is_dir():
         raise ConfigError(f"model.path={cfg.model.path!r}: no such directory (expected a local "
                           "Hugging Face model folder with config.json)")
+
+
+def _validate_algorithm(cfg: Config) -> None:
+    # adv_estimator names are checked against the registry when the runtime builds the run.
+    alg, a, c = cfg.algorithm, cfg.actor, cfg.critic
+    if alg.adv_estimator == "gae" and not c.enable:
+        raise ConfigError("algorithm.adv_estimator=gae needs a value model: set critic.enable=true "
+                          "(and critic.lr, critic.cliprange_value as needed)")
+    if c.enable:
+        _positive(c, "critic", "ppo_epochs", "ppo_mini_batch_size", "micro_batch_size")
+        if cfg.rollout.batch_size % c.ppo_mini_batch_size or c.ppo_mini_batch_size % c.micro_batch_size:
+            raise ConfigError(f"critic.ppo_mini_batch_size={c.ppo_mini_batch_size} must divide rollout.batch_size="
+                              f"{cfg.rollout.batch_size} and be a multiple of critic.micro_batch_size="
+                              f"{c.micro_batch_size}")
+    if not 0.0 <= alg.lam <= 1.0:
+        raise ConfigError(f"algorithm.lam={alg.lam} must be in [0, 1]")
+    if a.clip_ratio_c is not None and a.clip_ratio_c <= 1.0:
+        raise ConfigError(f"actor.clip_ratio_c={a.clip_ratio_c} must be > 1 (or null to turn dual-clip off)")
+    if a.use_decoupled_loss and a.tis_imp_ratio_cap > 0:
+        raise ConfigError("actor.use_decoupled_loss=true and actor.tis_imp_ratio_cap>0 both reweight by "
+                          "pi_old / pi_behaviour; choose one")
+    if a.behav_imp_weight_cap is not None and a.behav_imp_weight_cap <= 1.0:
+        raise ConfigError(f"actor.behav_imp_weight_cap={a.behav_imp_weight_cap} must be > 1 (or null)")
+    if not 0.0 < cfg.rollout.rollout_filter_ratio <= 1.0:
+        raise ConfigError(f"rollout.rollout_filter_ratio={cfg.rollout.rollout_filter_ratio} must be in (0, 1]")
+    if alg.kl_ctrl.kl_coef < 0 or alg.kl_ctrl.horizon <= 0 or alg.kl_ctrl.target_kl <= 0:
+        raise ConfigError("algorithm.kl_ctrl: kl_coef must be >= 0, horizon and target_kl > 0")
+    if a.loss_scale_factor is not None and a.loss_scale_factor <= 0:
+        raise ConfigError(f"actor.loss_scale_factor={a.loss_scale_factor} must be > 0 (or null)")
 
 
 def _positive(section: Any, name: str, *keys: str) -> None:

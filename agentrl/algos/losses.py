@@ -1,31 +1,56 @@
-"""Policy losses and loss aggregation.
+"""Policy and value losses, loss aggregation, KL estimators and off-policy weights.
 
-PPO clipped surrogate (Schulman et al. 2017) with asymmetric clipping as in verl/DAPO:
-    ratio = exp(logp - old_logp)                       (log-ratio clamped to [-20, 20] as verl does)
-    loss  = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))
 Shapes: every tensor argument is (B, T) float32, aligned with the token ids; `mask` is 1 on
-generated ids. Aggregation `token-mean` divides the masked sum by `num_tokens` when given (the
-token count of the whole mini-batch, so micro-batching does not reweight tokens: a deviation
-from verl, which averages per micro-batch and rescales by micro/mini batch size).
+generated ids. Aggregation happens over a whole mini-batch even when it is split into
+micro-batches: `aggregate` takes the mini-batch's token count, sequence count and horizon, so
+gradient accumulation never reweights tokens (verl instead averages per micro-batch and scales
+by micro/mini batch size, which changes the weighting when micro-batches differ in length).
+
+PPO clipped surrogate (Schulman et al. 2017), asymmetric as in DAPO, dual-clip as in Ye et al.
+2020, all as verl's compute_policy_loss:
+    ratio = exp(clamp(logp - old_logp, -20, 20))
+    l1 = max(-A ratio, -A clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))
+    loss = min(l1, -A clip_ratio_c) where A < 0, else l1
 """
 
 from __future__ import annotations
 
 import torch
 
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
-              num_tokens: float | None = None) -> torch.Tensor:
-    """Reduce a (B, T) loss matrix to a scalar over masked tokens."""
-    if mode != "token-mean":
-        raise ValueError(f"loss_agg_mode '{mode}' is not supported; use 'token-mean'")
-    denom = num_tokens if num_tokens is not None else mask.sum().clamp(min=1.0)
-    return (loss * mask).sum() / denom
+              num_tokens: float | None = None, num_seqs: float | None = None,
+              horizon: float | None = None) -> torch.Tensor:
+    """Reduce a (B, T) loss matrix to a scalar over masked tokens.
+
+    token-mean: sum / tokens. seq-mean-token-sum: mean over sequences of each one's token sum.
+    seq-mean-token-mean: mean over sequences of each one's token mean. seq-mean-token-sum-norm
+    (Dr. GRPO): mean over sequences of token sum / `horizon`, a constant (verl's
+    loss_scale_factor). Sequences without generated ids do not count. Counts default to this
+    batch's own; pass the mini-batch's when this is one micro-batch of it.
+    """
+    masked = torch.where(mask > 0, loss, torch.zeros_like(loss))
+    if mode == "token-mean":
+        denom = num_tokens if num_tokens is not None else mask.sum().clamp(min=1.0)
+        return masked.sum() / denom
+    if mode not in AGG_MODES:
+        raise ValueError(f"loss_agg_mode '{mode}' is unknown; use one of {', '.join(AGG_MODES)}")
+    lengths = mask.sum(dim=-1)
+    seqs = num_seqs if num_seqs is not None else (lengths > 0).sum().clamp(min=1)
+    seq_sums = masked.sum(dim=-1)
+    if mode == "seq-mean-token-sum":
+        return seq_sums.sum() / seqs
+    if mode == "seq-mean-token-mean":
+        return (seq_sums / lengths.clamp(min=1.0)).sum() / seqs
+    norm = horizon if horizon is not None else float(mask.shape[-1])
+    return seq_sums.sum() / (seqs * norm)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of `x` where `mask` is 1 (0 when the mask is empty)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    return torch.where(mask > 0, x, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1.0)
 
 
 def ppo_policy_loss(
@@ -37,19 +62,57 @@ def ppo_policy_loss(
     clip_ratio_high: float = 0.2,
     loss_agg_mode: str = "token-mean",
     num_tokens: float | None = None,
+    clip_ratio_c: float | None = None,
+    weights: torch.Tensor | None = None,
+    num_seqs: float | None = None,
+    horizon: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped policy loss and its diagnostics (pg_clipfrac, ppo_kl)."""
+    """PPO clipped policy loss and its diagnostics (pg_clipfrac, pg_clipfrac_lower, ppo_kl).
+
+    `clip_ratio_c` (> 1) turns on dual-clip for negative advantages; `weights` (detached,
+    (B, T)) multiply each token's loss: importance weights for off-policy samples.
+    """
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     losses = torch.maximum(unclipped, clipped)
-    loss = aggregate(losses, mask, loss_agg_mode, num_tokens)
+    clipfrac_lower = torch.zeros((), device=logprobs.device)
+    if clip_ratio_c is not None:
+        floor = -advantages * clip_ratio_c
+        lower = (losses > floor) & (advantages < 0)
+        clipfrac_lower = masked_mean(lower.float(), mask).detach()
+        losses = torch.where(advantages < 0, torch.minimum(losses, floor), losses)
+    if weights is not None:
+        losses = losses * weights.detach()
+    loss = aggregate(losses, mask, loss_agg_mode, num_tokens, num_seqs, horizon)
     stats = {
         "pg_clipfrac": masked_mean((clipped > unclipped).float(), mask).detach(),
+        "pg_clipfrac_lower": clipfrac_lower,
         "ppo_kl": masked_mean(-log_ratio, mask).detach(),
     }
     return loss, stats
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               cliprange_value: float, loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
+               num_seqs: float | None = None, horizon: float | None = None
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss 0.5 * max((v - R)^2, (clip(v, v_old +- c) - R)^2) and vf_clipfrac (verl)."""
+    clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    l1 = (values - returns) ** 2
+    l2 = (clipped - returns) ** 2
+    loss = 0.5 * aggregate(torch.maximum(l1, l2), mask, loss_agg_mode, num_tokens, num_seqs, horizon)
+    return loss, {"vf_clipfrac": masked_mean((l2 > l1).float(), mask).detach()}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over masked ids (nan when returns are constant)."""
+    r = returns[mask > 0]
+    if r.numel() < 2:
+        return float("nan")
+    var = r.var()
+    return float("nan") if var == 0 else float(1.0 - (r - values[mask > 0]).var() / var)
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
@@ -70,3 +133,26 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
         log_ratio = (-diff).clamp(-20.0, 20.0)
         return (log_ratio.exp() - log_ratio - 1.0).clamp(-10.0, 10.0)
     raise ValueError(f"kl_loss_type '{kind}' is unknown; use kl, abs, mse or low_var_kl")
+
+
+def behaviour_weights(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
+                      mode: str, cap: float | None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token importance weights pi_prox / pi_behav correcting for off-policy samples, (B, T).
+
+    tis (verl's truncated importance sampling): the weight clamped to at most `cap`.
+    decoupled (AReaL's decoupled PPO): the weight as is; tokens whose weight exceeds `cap` are
+    dropped (weight 0). The PPO ratio is then taken against the proximal policy.
+    """
+    w = torch.exp((proximal_logprobs - behaviour_logprobs).clamp(-20.0, 20.0))
+    if mode == "tis":
+        out = w.clamp(max=cap) if cap is not None else w
+        capped = (w > cap) if cap is not None else torch.zeros_like(w, dtype=torch.bool)
+    elif mode == "decoupled":
+        capped = (w > cap) if cap is not None else torch.zeros_like(w, dtype=torch.bool)
+        out = torch.where(capped, torch.zeros_like(w), w)
+    else:
+        raise ValueError(f"off-policy weight mode '{mode}' is unknown; use tis or decoupled")
+    out = out * mask
+    stats = {"is_weight_mean": float(masked_mean(w, mask)), "is_weight_max": float((w * mask).max()),
+             "is_capped_frac": float(masked_mean(capped.float(), mask))}
+    return out, stats

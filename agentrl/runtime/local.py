@@ -16,15 +16,17 @@ import numpy as np
 import torch
 
 import agentrl.agents.chat  # noqa: F401  (importing the built-ins registers them)
+import agentrl.algos.advantages  # noqa: F401
 import agentrl.envs.frozen_lake  # noqa: F401
 from agentrl.config import Config, save_config, to_dict
 from agentrl.errors import ConfigError, RegistryError
 from agentrl.llm.engine import SamplingParams
 from agentrl.llm.local import LocalEngine
 from agentrl.models.loading import DTYPES, load_pretrained, save_pretrained
-from agentrl.registry import AGENTS, ENVS
+from agentrl.registry import AGENTS, ENVS, ESTIMATORS
 from agentrl.rollout.collector import RolloutCollector, make_tasks
 from agentrl.train.actor import Actor, Reference
+from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.trainer import Trainer
 
 WARM_START_VERSION = 4  # bump when the warm-start recipe changes, to invalidate cached models
@@ -66,6 +68,14 @@ def make_env_factory(cfg: Config) -> Callable[[], Any]:
 
     factory().close()  # bad argument values fail now, not inside the first episode
     return factory
+
+
+def check_estimator(cfg: Config) -> None:
+    """algorithm.adv_estimator must name a registered estimator."""
+    try:
+        ESTIMATORS.get(cfg.algorithm.adv_estimator)
+    except RegistryError as e:
+        raise ConfigError(f"algorithm.adv_estimator: {e}") from None
 
 
 def make_sampling(cfg: Config, tokenizer) -> SamplingParams:
@@ -141,6 +151,7 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     """Build env factory, model, engine, agent, collector, actor and trainer from `cfg`."""
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
+    check_estimator(cfg)
     env_factory = make_env_factory(cfg)
     model, tokenizer = load_policy(cfg, env_factory, log)
     model.to(device)
@@ -150,15 +161,21 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
                          pad_token_id=tokenizer.pad_token_id, max_num_seqs=cfg.rollout.max_num_seqs,
                          seed=cfg.seed)
     collector = RolloutCollector(env_factory, make_agent(cfg, tokenizer), engine)
-    actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature)
+    horizon = float(cfg.rollout.max_new_tokens * cfg.env.max_turns)  # most tokens an episode generates
+    actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature, horizon=horizon)
     # The reference exists only when a KL term needs it: it costs a model copy and a forward.
+    needs_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     reference = (Reference(copy.deepcopy(model), cfg.actor.micro_batch_size, cfg.rollout.temperature)
-                 if cfg.actor.use_kl_loss else None)
+                 if needs_ref else None)
+    critic = None
+    if cfg.critic.enable:
+        seed_everything(cfg.seed)
+        critic = Critic(ValueModel(model).to(device), cfg.critic, horizon)
     env = env_factory()
     baselines = getattr(env, "eval_baselines", None)
     env.close()
     return Trainer(cfg, actor, engine, collector, tokenizer, run_dir, eval_baselines=baselines,
-                   reference=reference)
+                   reference=reference, critic=critic)
 
 
 def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from agentrl.algos.losses import aggregate, kl_penalty, masked_mean, ppo_policy_loss
+from agentrl.algos.losses import aggregate, behaviour_weights, kl_penalty, masked_mean, ppo_policy_loss
 from agentrl.config import ActorConfig
 from agentrl.train.batch import Batch
 
@@ -60,10 +60,13 @@ class Reference:
 class Actor:
     """Holds the policy model and its optimizer."""
 
-    def __init__(self, model: torch.nn.Module, cfg: ActorConfig, temperature: float) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: ActorConfig, temperature: float,
+                 horizon: float | None = None) -> None:
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
+        # seq-mean-token-sum-norm divides by a constant: the configured one or the longest reply.
+        self.horizon = cfg.loss_scale_factor or horizon
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
 
@@ -82,33 +85,54 @@ class Actor:
         self.model.train()
         cfg = self.cfg
         stats: dict[str, list[float]] = {}
+        weights = self._off_policy_weights(batch, stats)
         for _ in range(cfg.ppo_epochs):
             for mstart in range(0, batch.size, cfg.ppo_mini_batch_size):
                 mini = torch.arange(mstart, min(mstart + cfg.ppo_mini_batch_size, batch.size))
-                n_tokens = float(batch.loss_mask[mini].sum().clamp(min=1.0))
+                mask = batch.loss_mask[mini]
+                agg = {"num_tokens": float(mask.sum().clamp(min=1.0)),
+                       "num_seqs": float((mask.sum(-1) > 0).sum().clamp(min=1)), "horizon": self.horizon}
                 self.optimizer.zero_grad(set_to_none=True)
+                mini_loss = 0.0
                 for start in range(0, len(mini), cfg.micro_batch_size):
-                    mb = batch.select(mini[start:start + cfg.micro_batch_size]).to(self.device)
+                    rows = mini[start:start + cfg.micro_batch_size]
+                    mb = batch.select(rows).to(self.device)
+                    w = weights[rows, : mb.input_ids.shape[1]].to(self.device) if weights is not None else None
                     logp, entropy = token_logprobs(self.model, mb.input_ids, mb.attention_mask,
                                                    self.temperature, with_entropy=True)
                     loss, pg = ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
-                                               cfg.clip_ratio_low, cfg.clip_ratio_high,
-                                               cfg.loss_agg_mode, n_tokens)
+                                               cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.loss_agg_mode,
+                                               clip_ratio_c=cfg.clip_ratio_c, weights=w, **agg)
                     if cfg.use_kl_loss:
                         kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)
-                        kl_loss = aggregate(kl, mb.loss_mask, cfg.loss_agg_mode, n_tokens)
-                        loss = loss + cfg.kl_loss_coef * kl_loss
+                        loss = loss + cfg.kl_loss_coef * aggregate(kl, mb.loss_mask, cfg.loss_agg_mode, **agg)
                         _append(stats, "loss/kl", float(masked_mean(kl.detach(), mb.loss_mask)))
                     if cfg.entropy_coeff:
-                        loss = loss - cfg.entropy_coeff * aggregate(entropy, mb.loss_mask, cfg.loss_agg_mode, n_tokens)
+                        loss = loss - cfg.entropy_coeff * aggregate(entropy, mb.loss_mask, cfg.loss_agg_mode, **agg)
                     loss.backward()
-                    _append(stats, "loss/policy", float(loss.detach()) * n_tokens / max(float(mb.loss_mask.sum()), 1.0))
+                    mini_loss += float(loss.detach())
                     _append(stats, "policy/pg_clipfrac", float(pg["pg_clipfrac"]))
+                    _append(stats, "policy/pg_clipfrac_lower", float(pg["pg_clipfrac_lower"]))
                     _append(stats, "policy/ppo_kl", float(pg["ppo_kl"]))
                     _append(stats, "policy/entropy", float(masked_mean(entropy.detach(), mb.loss_mask)))
+                _append(stats, "loss/policy", mini_loss)
                 grad_norm = self._clip_and_step()
                 _append(stats, "policy/grad_norm", grad_norm)
         return {k: sum(v) / len(v) for k, v in stats.items()}
+
+    def _off_policy_weights(self, batch: Batch, stats: dict[str, list[float]]) -> torch.Tensor | None:
+        """pi_old / pi_behaviour per token (TIS or decoupled PPO), or None when both are off."""
+        cfg = self.cfg
+        if cfg.use_decoupled_loss:
+            mode, cap = "decoupled", cfg.behav_imp_weight_cap
+        elif cfg.tis_imp_ratio_cap > 0:
+            mode, cap = "tis", cfg.tis_imp_ratio_cap
+        else:
+            return None
+        w, s = behaviour_weights(batch.old_logprobs, batch.behaviour_logprobs, batch.loss_mask, mode, cap)
+        for k, v in s.items():
+            _append(stats, f"policy/{k}", v)
+        return w
 
     def _clip_and_step(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]

@@ -24,6 +24,7 @@ class Batch:
     state_ids: torch.Tensor  # (B, T) int64, id of (group, state a turn started from); -1 off-turn
     old_logprobs: torch.Tensor | None = None  # (B, T) trainer's logprobs before the update
     ref_logprobs: torch.Tensor | None = None  # (B, T) frozen reference policy's logprobs
+    values: torch.Tensor | None = None  # (B, T) critic values before the update
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
 

@@ -1,6 +1,10 @@
 """The training loop: each step is a short list of named stages, in the order data moves.
 
-    collect -> pack -> score -> advantages -> update -> sync -> log -> (evaluate) -> (checkpoint)
+    collect -> pack -> score -> reward -> advantages -> update -> sync -> log -> (evaluate) -> (checkpoint)
+
+`collect` applies the group filters (DAPO dynamic sampling, RAGEN variance filter); `score`
+recomputes the trainer's logprobs (the proximal policy) and, when used, the reference's and
+the critic's; `reward` applies a KL penalty to the token rewards when configured.
 
 The trainer knows nothing of envs or agents: it gets a collector that turns tasks into
 trajectories, an engine to push weights to, and the actor it updates.
@@ -8,14 +12,17 @@ trajectories, an engine to push weights to, and the actor it updates.
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from agentrl.algos.advantages import compute_advantages
-from agentrl.algos.losses import masked_mean
+from agentrl.algos.kl_control import KLController
+from agentrl.algos.losses import kl_penalty, masked_mean
 from agentrl.config import Config
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, RolloutCollector, make_tasks
@@ -26,6 +33,7 @@ from agentrl.train.checkpoint import (latest_checkpoint, load_optimizer, load_st
                                       save_checkpoint, set_rng_state)
 
 EVAL_SEED_BASE = 1_000_000  # eval env seeds live above every training seed
+GEN_BATCH_STRIDE = 1_000_003  # extra generation batches of a step draw seeds far from other steps
 EVAL_STEP = 2**31 - 1  # a fixed pseudo-step: every evaluation plays the same held-out tasks
 
 
@@ -35,7 +43,7 @@ class Trainer:
     def __init__(self, cfg: Config, actor: Actor, engine: Any, collector: RolloutCollector,
                  tokenizer: Any, run_dir: Path,
                  eval_baselines: Callable[[list[Trajectory]], dict[str, float]] | None = None,
-                 reference: Any = None) -> None:
+                 reference: Any = None, critic: Any = None) -> None:
         self.cfg = cfg
         self.actor = actor
         self.engine = engine
@@ -44,6 +52,8 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.eval_baselines = eval_baselines
         self.reference = reference
+        self.critic = critic
+        self.kl_ctrl = KLController(cfg.algorithm.kl_ctrl)
         self.timer = Timer()
         self.step_idx = 0
         self.summary: dict[str, Any] = {}
@@ -85,21 +95,26 @@ class Trainer:
     def step(self) -> dict[str, float]:
         """One training step; returns its metrics."""
         self.step_idx += 1
+        metrics: dict[str, float] = {}
         with self.timer.scope("collect"):
-            result = self.collect()
-        with self.timer.scope("pack"):
-            batch = pack(result.trajectories, self.tokenizer.pad_token_id)
-        with self.timer.scope("score"):
-            batch.old_logprobs = self.actor.compute_logprobs(batch)
-            if self.reference is not None:
-                batch.ref_logprobs = self.reference.compute_logprobs(batch)
-        with self.timer.scope("advantages"):
-            batch.advantages, batch.returns = self.advantages(batch)
-        with self.timer.scope("update"):
-            metrics = self.actor.update(batch)
-        with self.timer.scope("sync"):
-            self.sync()
-        metrics.update(rollout_metrics(result, batch))
+            result, filter_stats = self.collect()
+        metrics.update(filter_stats)
+        if result.trajectories:
+            with self.timer.scope("pack"):
+                batch = pack(result.trajectories, self.tokenizer.pad_token_id)
+            with self.timer.scope("score"):
+                self.score(batch)
+            with self.timer.scope("reward"):
+                metrics.update(self.reward(batch))
+            with self.timer.scope("advantages"):
+                batch.advantages, batch.returns = self.advantages(batch)
+            with self.timer.scope("update"):
+                if self.critic is not None:
+                    metrics.update(self.critic.update(batch))
+                metrics.update(self.actor.update(batch))
+            with self.timer.scope("sync"):
+                self.sync()
+            metrics.update(rollout_metrics(result, batch))
         metrics.update(self.engine.stats.pop())
         if self._due(self.cfg.trainer.test_freq):
             with self.timer.scope("evaluate"):
@@ -112,20 +127,73 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ stages
-    def collect(self) -> CollectResult:
-        """Play this step's groups of episodes with the current policy."""
-        r = self.cfg.rollout
-        tasks = make_tasks(self.cfg.seed, self.step_idx, r.batch_size // r.group_size, r.group_size)
-        result = self.collector.collect(tasks)
-        if not result.trajectories:
+    def collect(self) -> tuple[CollectResult, dict[str, float]]:
+        """Play this step's groups with the current policy, then filter groups as configured.
+
+        With DAPO's `filter_groups` and `max_num_gen_batches` > 1, further batches (fresh env
+        seeds) are collected until the step has `batch_size / group_size` informative groups.
+        """
+        r, fg = self.cfg.rollout, self.cfg.algorithm.filter_groups
+        n_groups = r.batch_size // r.group_size
+        kept: list[list[Trajectory]] = []
+        errors: list[str] = []
+        dropped_failed = dropped_equal = 0
+        batches = max(1, fg.max_num_gen_batches) if fg.enable else 1
+        for attempt in range(batches):
+            tasks = make_tasks(self.cfg.seed, self.step_idx + attempt * GEN_BATCH_STRIDE, n_groups, r.group_size)
+            # Group ids must stay distinct across generation batches: baselines are per group.
+            tasks = [replace(t, group_id=t.group_id + attempt * n_groups) for t in tasks]
+            result = self.collector.collect(tasks)
+            errors += result.errors
+            dropped_failed += result.dropped_groups
+            for group in _groups(result.trajectories):
+                if fg.enable and len({_group_metric(t, fg.metric) for t in group}) == 1:
+                    dropped_equal += 1
+                else:
+                    kept.append(group)
+            if len(kept) >= n_groups:
+                break
+        if not kept and not fg.enable:
             raise RuntimeError(f"step {self.step_idx}: every episode failed; first error: "
-                               f"{result.errors[0] if result.errors else 'unknown'}")
-        return result
+                               f"{errors[0] if errors else 'unknown'}")
+        kept = kept[:n_groups]
+        n_before_std = len(kept)
+        if r.rollout_filter_ratio < 1.0 and kept:
+            k = max(1, math.ceil(r.rollout_filter_ratio * len(kept)))
+            stds = [float(torch.tensor([t.total_reward for t in g]).std()) if len(g) > 1 else 0.0 for g in kept]
+            order = sorted(range(len(kept)), key=lambda i: -stds[i])[:k]
+            kept = [kept[i] for i in sorted(order)]
+        stats = {"rollout/gen_batches": float(attempt + 1),
+                 "rollout/filtered_groups_equal": float(dropped_equal),
+                 "rollout/filtered_groups_std": float(n_before_std - len(kept)),
+                 "rollout/kept_groups": float(len(kept))}
+        trajs = [t for g in kept for t in g]
+        return CollectResult(trajs, errors, dropped_failed), stats
+
+    def score(self, batch: Batch) -> None:
+        """Recompute logprobs under the current (proximal) policy, the reference and the critic."""
+        batch.old_logprobs = self.actor.compute_logprobs(batch)
+        if self.reference is not None:
+            batch.ref_logprobs = self.reference.compute_logprobs(batch)
+        if self.critic is not None:
+            batch.values = self.critic.compute_values(batch)
+
+    def reward(self, batch: Batch) -> dict[str, float]:
+        """Subtract the KL penalty from the token rewards (verl's apply_kl_penalty), if on."""
+        alg = self.cfg.algorithm
+        if not alg.use_kl_in_reward:
+            return {}
+        kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, alg.kl_penalty) * batch.loss_mask
+        batch.token_rewards = batch.token_rewards - self.kl_ctrl.value * kl
+        seq_kl = (kl.sum(-1) / batch.loss_mask.sum(-1).clamp(min=1.0)).mean()
+        coef = self.kl_ctrl.value
+        self.kl_ctrl.update(float(seq_kl), n_steps=batch.size)
+        return {"reward/kl_penalty": float(seq_kl), "reward/kl_coef": coef}
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Advantages and returns from the configured estimator."""
         return compute_advantages(self.cfg.algorithm.adv_estimator, batch.token_rewards, batch.loss_mask,
-                                  batch.group_index, None, self.cfg.algorithm, batch.state_ids)
+                                  batch.group_index, batch.values, self.cfg.algorithm, batch.state_ids)
 
     def sync(self) -> None:
         """Push the updated weights to the engine, so the next rollouts use them."""
@@ -164,7 +232,9 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self) -> None:
         state = {"policy_version": self.engine.policy_version, "rng": rng_state(),
-                 "engine_rng": self.engine._seed_rng.getstate(), "summary": dict(self.summary)}
+                 "engine_rng": self.engine._seed_rng.getstate(), "summary": dict(self.summary),
+                 "kl_coef": self.kl_ctrl.value,
+                 "critic": self.critic.state_dict() if self.critic is not None else None}
         save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
                         self.actor.optimizer, state, keep=self.cfg.trainer.max_checkpoints)
 
@@ -180,6 +250,9 @@ class Trainer:
         state = load_state(ckpt)
         self.step_idx = int(state["step"])
         self.summary = dict(state.get("summary", {}))
+        self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
+        if self.critic is not None and state.get("critic") is not None:
+            self.critic.load_state_dict(state["critic"])
         set_rng_state(state["rng"])
         self.sync()
         self.engine.policy_version = int(state["policy_version"])
@@ -212,6 +285,18 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
         "policy/logprob_diff_mean": float(masked_mean(diff, mask)),
         "policy/logprob_diff_max": float(diff.max()),
     }
+
+
+def _groups(trajs: list[Trajectory]) -> list[list[Trajectory]]:
+    """Trajectories grouped by group id, in order of first appearance."""
+    groups: dict[int, list[Trajectory]] = {}
+    for t in trajs:
+        groups.setdefault(t.group_id, []).append(t)
+    return list(groups.values())
+
+
+def _group_metric(t: Trajectory, metric: str) -> float:
+    return float(bool(t.info.get("success"))) if metric == "success" else round(t.total_reward, 6)
 
 
 def _mean(xs: list[float]) -> float:

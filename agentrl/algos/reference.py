@@ -1,0 +1,271 @@
+"""Plain-loop reference advantage estimators, used only by tests to check the vectorised ones.
+
+Each public estimator here mirrors the one of the same name in `agentrl.algos.advantages`:
+same signature, same semantics and the same edge cases as that module's docstring (its spec),
+but written as explicit Python loops over rows and positions in Python floats, so that it can
+be read against the spec line by line. Nothing in training imports this module.
+
+Turns: a turn is a maximal run of generated ids (mask 1); the masked ids after a turn, up to
+the next turn, belong to it, so a reward placed there is that turn's reward. Masked ids before
+the first turn belong to no turn.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from agentrl.config import AlgorithmConfig
+
+EPS = 1e-6
+WHITEN_EPS = 1e-8
+
+Rows = list[list[float]]
+Estimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+# ---------------------------------------------------------------------------- small helpers
+def _rows(x: torch.Tensor) -> Rows:
+    """A (B, T) tensor as nested lists of Python floats."""
+    return [[float(v) for v in row] for row in x.tolist()]
+
+
+def _tensor(rows: Rows, like: torch.Tensor) -> torch.Tensor:
+    """Nested lists back to a tensor with `like`'s shape and dtype."""
+    return torch.tensor(rows, dtype=like.dtype).reshape(like.shape)
+
+
+def _zeros(batch: int, width: int) -> Rows:
+    """A (batch, width) matrix of zeros."""
+    return [[0.0] * width for _ in range(batch)]
+
+
+def turn_of(mask_row: list[float]) -> list[int]:
+    """1 + index of the turn each position belongs to, 0 before the first turn."""
+    out, turn, previous = [], 0, False
+    for m in mask_row:
+        generated = m > 0
+        if generated and not previous:
+            turn += 1
+        out.append(turn)
+        previous = generated
+    return out
+
+
+def turn_rewards(reward_row: list[float], mask_row: list[float]) -> list[float]:
+    """Reward of each turn (index k - 1 for turn k): the sum of rewards at its positions."""
+    turns = turn_of(mask_row)
+    rewards = [0.0] * max(turns, default=0)
+    for t, k in enumerate(turns):
+        if k > 0:
+            rewards[k - 1] += reward_row[t]
+    return rewards
+
+
+def turn_returns(reward_row: list[float], mask_row: list[float], gamma: float) -> list[float]:
+    """Discounted return of each turn: G_k = r_k + gamma * G_{k+1}."""
+    rewards = turn_rewards(reward_row, mask_row)
+    returns = [0.0] * len(rewards)
+    running = 0.0
+    for k in range(len(rewards) - 1, -1, -1):
+        running = rewards[k] + gamma * running
+        returns[k] = running
+    return returns
+
+
+def turn_starts(mask_row: list[float]) -> list[int]:
+    """Position of the first generated id of each turn."""
+    turns = turn_of(mask_row)
+    return [t for t in range(len(mask_row)) if mask_row[t] > 0 and (t == 0 or turns[t - 1] != turns[t])]
+
+
+def groups(index: list[int]) -> dict[int, list[int]]:
+    """Rows of each group id, in row order."""
+    members: dict[int, list[int]] = {}
+    for row, group in enumerate(index):
+        members.setdefault(group, []).append(row)
+    return members
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    """Mean and unbiased std of a non-empty list (std 0 for a single value)."""
+    mean = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def whiten(values: Rows, mask: Rows) -> Rows:
+    """verl's masked_whiten over all generated ids of the batch, 0 off the mask or if < 2 ids."""
+    picked = [v for vrow, mrow in zip(values, mask) for v, m in zip(vrow, mrow) if m > 0]
+    n = len(picked)
+    out = _zeros(len(values), len(values[0]) if values else 0)
+    if n < 2:
+        return out
+    mean = sum(picked) / (n + WHITEN_EPS)
+    var = sum((v - mean) ** 2 for v in picked) / (n + WHITEN_EPS) * n / (n - 1)
+    for b, (vrow, mrow) in enumerate(zip(values, mask)):
+        for t, (v, m) in enumerate(zip(vrow, mrow)):
+            if m > 0:
+                out[b][t] = (v - mean) / math.sqrt(var + WHITEN_EPS)
+    return out
+
+
+def _spread(per_turn: list[Rows], mask: Rows) -> Rows:
+    """Give every generated id its turn's value: per_turn[b][k - 1] at the ids of turn k."""
+    out = _zeros(len(mask), len(mask[0]) if mask else 0)
+    for b, mrow in enumerate(mask):
+        for t, k in enumerate(turn_of(mrow)):
+            if mrow[t] > 0:
+                out[b][t] = per_turn[b][k - 1]
+    return out
+
+
+def outcome_rewards(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's reward sum moved onto its last generated id (rows with none get zeros)."""
+    rewards, mask = _rows(token_rewards), _rows(response_mask)
+    out = _zeros(len(rewards), len(rewards[0]) if rewards else 0)
+    for b, (rrow, mrow) in enumerate(zip(rewards, mask)):
+        last = max((t for t, m in enumerate(mrow) if m > 0), default=-1)
+        if last >= 0:
+            out[b][last] = sum(rrow)
+    return _tensor(out, token_rewards)
+
+
+# ---------------------------------------------------------------------------- estimators
+def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+         values: torch.Tensor | None, config: AlgorithmConfig,
+         state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO: (score - group mean) / (group std + eps); a group of one keeps its raw score."""
+    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
+    if config.credit == "turn":
+        scores = [turn_returns(r, m, config.gamma) for r, m in zip(rewards, mask)]
+    else:
+        scores = [[sum(r)] * max(turn_of(m), default=0) for r, m in zip(rewards, mask)]
+    adv: list[Rows] = [[] for _ in rewards]
+    for rows in groups(ids).values():
+        if len(rows) == 1:
+            mean, std = 0.0, 1.0
+        else:
+            pool = ([g for row in rows for g in scores[row]] if config.credit == "turn"
+                    else [sum(rewards[row]) for row in rows])
+            mean, std = mean_std(pool or [0.0])
+        for row in rows:
+            centered = [g - mean for g in scores[row]]
+            adv[row] = [c / (std + EPS) for c in centered] if config.norm_adv_by_std_in_grpo else centered
+    out = _tensor(_spread(adv, mask), token_rewards)
+    return out, out
+
+
+def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+         values: torch.Tensor | None, config: AlgorithmConfig,
+         state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO: score minus the mean score of the group's other episodes (baseline 0 if none)."""
+    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
+    turn = config.credit == "turn"
+    scores = [turn_returns(r, m, config.gamma) if turn else [sum(r)] * max(turn_of(m), default=0)
+              for r, m in zip(rewards, mask)]
+    adv: list[Rows] = [[] for _ in rewards]
+    for rows in groups(ids).values():
+        for row in rows:
+            others = [g for other in rows if other != row
+                      for g in (scores[other] if turn else [sum(rewards[other])])]
+            baseline = sum(others) / len(others) if others else 0.0
+            adv[row] = [g - baseline for g in scores[row]]
+    out = _tensor(_spread(adv, mask), token_rewards)
+    return out, out
+
+
+def token_returns(reward_row: list[float], mask_row: list[float], gamma: float) -> list[float]:
+    """Discounted return at each generated id over generated ids only (masked ids skipped)."""
+    out, running = [0.0] * len(mask_row), 0.0
+    for t in range(len(mask_row) - 1, -1, -1):
+        if mask_row[t] > 0:
+            running = reward_row[t] + gamma * running
+            out[t] = running
+    return out
+
+
+def reinforce_plus_plus(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+                        values: torch.Tensor | None, config: AlgorithmConfig,
+                        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: discounted returns whitened over the batch; returns are the unwhitened ones."""
+    rewards, mask = _rows(token_rewards), _rows(response_mask)
+    if config.credit == "turn":
+        returns = _spread([turn_returns(r, m, config.gamma) for r, m in zip(rewards, mask)], mask)
+    else:
+        returns = [token_returns(r, m, config.gamma) for r, m in zip(rewards, mask)]
+    return _tensor(whiten(returns, mask), token_rewards), _tensor(returns, token_rewards)
+
+
+def reinforce_plus_plus_baseline(token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                 index: torch.Tensor, values: torch.Tensor | None,
+                                 config: AlgorithmConfig,
+                                 state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline: score minus its group mean (0 for a group of one), then whitened."""
+    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
+    turn = config.credit == "turn"
+    scores = [turn_returns(r, m, config.gamma) if turn else [sum(r)] * max(turn_of(m), default=0)
+              for r, m in zip(rewards, mask)]
+    centered: list[Rows] = [[] for _ in rewards]
+    for rows in groups(ids).values():
+        pool = [g for row in rows for g in (scores[row] if turn else [sum(rewards[row])])]
+        mean = sum(pool) / len(pool) if len(rows) > 1 and pool else 0.0
+        for row in rows:
+            centered[row] = [g - mean for g in scores[row]]
+    out = _tensor(whiten(_spread(centered, mask), mask), token_rewards)
+    return out, out
+
+
+def gae(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+        values: torch.Tensor | None, config: AlgorithmConfig,
+        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over generated ids (token) or over turns (turn); advantages whitened, returns A + V."""
+    if values is None:
+        raise ValueError("gae needs critic values")
+    rewards, mask, vals = _rows(token_rewards), _rows(response_mask), _rows(values)
+    gamma, lam = config.gamma, config.lam
+    adv, returns = _zeros(len(mask), len(mask[0]) if mask else 0), _zeros(len(mask), len(mask[0]) if mask else 0)
+    for b, (rrow, mrow, vrow) in enumerate(zip(rewards, mask, vals)):
+        if config.credit == "turn":
+            starts = turn_starts(mrow)
+            r_turn = turn_rewards(rrow, mrow)
+            v_turn = [vrow[t] for t in starts]
+            a_turn = [0.0] * len(starts)
+            next_value, next_adv = 0.0, 0.0
+            for k in range(len(starts) - 1, -1, -1):
+                delta = r_turn[k] + gamma * next_value - v_turn[k]
+                a_turn[k] = next_adv = delta + gamma * lam * next_adv
+                next_value = v_turn[k]
+            for t, k in enumerate(turn_of(mrow)):
+                if mrow[t] > 0:
+                    adv[b][t], returns[b][t] = a_turn[k - 1], a_turn[k - 1] + v_turn[k - 1]
+        else:
+            next_value, next_adv = 0.0, 0.0
+            for t in range(len(mrow) - 1, -1, -1):
+                if mrow[t] > 0:  # masked ids are transparent: no TD error, no bootstrap value
+                    delta = rrow[t] + gamma * next_value - vrow[t]
+                    adv[b][t] = next_adv = delta + gamma * lam * next_adv
+                    returns[b][t] = adv[b][t] + vrow[t]
+                    next_value = vrow[t]
+    return _tensor(whiten(adv, mask), token_rewards), _tensor(returns, token_rewards)
+
+
+REFERENCE: dict[str, Estimator] = {
+    "grpo": grpo,
+    "rloo": rloo,
+    "reinforce_plus_plus": reinforce_plus_plus,
+    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
+    "gae": gae,
+}
+
+
+def reference_advantages(name: str, token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                         index: torch.Tensor, values: torch.Tensor | None, config: AlgorithmConfig,
+                         state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference twin of `compute_advantages` (credit=outcome first moves rewards to the end)."""
+    if config.credit == "outcome":
+        token_rewards = outcome_rewards(token_rewards, response_mask)
+    return REFERENCE[name](token_rewards, response_mask, index, values, config, state_ids)
