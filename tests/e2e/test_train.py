@@ -68,11 +68,41 @@ def test_same_seed_same_metrics(tmp_path, cache_dir):
     assert any("reward/mean" in r for r in rows[0])
 
 
+def test_ppo_with_critic_and_filters_trains_and_resumes(tmp_path, cache_dir):
+    """GAE with a critic, KL in the reward, DAPO/RAGEN filters: every stage runs and logs its counts;
+    a resumed run restores the critic and continues where the first stopped."""
+    over = [*TINY, "algorithm.adv_estimator=gae", "critic.enable=true", "critic.ppo_mini_batch_size=4",
+            "critic.micro_batch_size=2", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
+            "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=2",
+            "rollout.rollout_filter_ratio=0.5", "rollout.batch_size=8", "actor.ppo_mini_batch_size=8",
+            "critic.ppo_mini_batch_size=8", f"model.cache_dir={cache_dir}"]
+    cfg = load_config("configs/frozen_lake.yaml", [*over, f"run_dir={tmp_path / 'a'}", "trainer.total_steps=3"])
+    train(cfg, log=lambda m: None)
+    rows = [r for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if "rollout/kept_groups" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        # 4 groups asked for; the variance filter keeps half of what dynamic sampling let through
+        assert r["rollout/kept_groups"] <= 2
+        assert 1 <= r["rollout/gen_batches"] <= 2
+        if r["rollout/kept_groups"]:
+            assert "loss/value" in r and "policy/explained_variance" in r and "reward/kl_coef" in r
+    # resume: 2 steps, then 1 more from the checkpoint, equals 3 straight
+    cfg_b = load_config("configs/frozen_lake.yaml", [*over, f"run_dir={tmp_path / 'b'}", "trainer.total_steps=2"])
+    train(cfg_b, log=lambda m: None)
+    cfg_b3 = load_config("configs/frozen_lake.yaml", [*over, f"run_dir={tmp_path / 'b'}", "trainer.total_steps=3"])
+    train(cfg_b3, resume=True, log=lambda m: None)
+    rows_b = [r for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if "rollout/kept_groups" in r]
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("perf/")}  # noqa: E731
+    assert [strip(r) for r in rows_b if r["step"] == 3] == [strip(rows[-1])]
+
+
 @pytest.mark.parametrize("args, expected", [
     (["configs/frozen_lake.yaml", "trainer.totl_steps=5"], "Did you mean 'trainer.total_steps'?"),
     (["model.path=/nonexistent/model/dir"], "model.path='/nonexistent/model/dir': no such directory"),
     (["env.type=frozen_lak"], "unknown env type 'frozen_lak'. Did you mean 'frozen_lake'?"),
     (["rollout.batch_size=30"], "not a multiple of rollout.group_size=8"),
+    (["algorithm.adv_estimator=gea"], "unknown advantage estimator 'gea'. Did you mean 'gae'?"),
+    (["algorithm.adv_estimator=gae"], "needs a value model: set critic.enable=true"),
 ])
 def test_cli_errors_are_one_line(args, expected):
     res = _agentrl("train", *args, cwd=Path(__file__).parents[2])
