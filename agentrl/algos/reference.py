@@ -98,14 +98,19 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
 
 
 def whiten(values: Rows, mask: Rows) -> Rows:
-    """verl's masked_whiten over all generated ids of the batch, 0 off the mask or if < 2 ids."""
+    """(v - mean) / sqrt(unbiased var + 1e-8) over the batch's generated ids; 0 if < 2 ids.
+
+    verl's masked_whiten divides by (n + 1e-8) where this divides by n: in float32 the two are
+    the same number, while in float64 the 1e-8 would leave a (v - mean) of about 1e-8 * v / n
+    that the rsqrt(1e-8) of a constant batch turns into 1e-4 * v / n.
+    """
     picked = [v for vrow, mrow in zip(values, mask) for v, m in zip(vrow, mrow) if m > 0]
     n = len(picked)
     out = _zeros(len(values), len(values[0]) if values else 0)
     if n < 2:
         return out
-    mean = sum(picked) / (n + WHITEN_EPS)
-    var = sum((v - mean) ** 2 for v in picked) / (n + WHITEN_EPS) * n / (n - 1)
+    mean = sum(picked) / n
+    var = sum((v - mean) ** 2 for v in picked) / (n - 1)
     for b, (vrow, mrow) in enumerate(zip(values, mask)):
         for t, (v, m) in enumerate(zip(vrow, mrow)):
             if m > 0:
