@@ -28,8 +28,9 @@ restarts its running return at every masked position, so there an outcome reward
 earlier turns; on single-turn masks (prompt, response, padding) the two agree exactly.
 
 ## Edge cases (one documented answer each)
-- A group of one: GRPO uses mean 0 and std 1 (verl), RLOO and REINFORCE++-baseline use
-  baseline 0 (verl), so the advantage is the raw score in all three.
+- A group of one episode: GRPO uses mean 0 and std 1 (verl), RLOO and REINFORCE++-baseline use
+  baseline 0 (verl), so the advantage is the raw score in all three, under every credit mode
+  (under turn credit, the raw turn returns: an episode is never its own baseline).
 - Whitening (GAE, REINFORCE++, REINFORCE++-baseline) uses the mean and unbiased variance of all
   generated ids in the batch (verl's masked_whiten); with fewer than two generated ids it gives 0.
 - Rewards on masked ids: group estimators sum every reward of a sequence (verl); the token-level
@@ -133,11 +134,21 @@ def _grpo_turns(token_rewards, response_mask, index, config):
     _, mean, std = group_stats(returns[rows, cols], inverse, len(groups))
     group_of_row = torch.zeros(index.shape[0], dtype=torch.long)
     group_of_row[rows] = inverse
-    centered = returns - mean[group_of_row].unsqueeze(1)
+    # A group of one episode keeps its raw returns (mean 0, std 1), as under token credit.
+    alone = _episodes_in_group(index) == 1
+    mean_row = torch.where(alone, torch.zeros_like(alone, dtype=returns.dtype), mean[group_of_row])
+    std_row = torch.where(alone, torch.ones_like(mean_row), std[group_of_row])
+    centered = returns - mean_row.unsqueeze(1)
     if config.norm_adv_by_std_in_grpo:
-        centered = centered / (std[group_of_row].unsqueeze(1) + EPS)
+        centered = centered / (std_row.unsqueeze(1) + EPS)
     adv = centered * response_mask
     return adv, adv
+
+
+def _episodes_in_group(index: torch.Tensor) -> torch.Tensor:
+    """(B,) number of sequences sharing each row's group id."""
+    _, inverse, counts = torch.unique(index, return_inverse=True, return_counts=True)
+    return counts[inverse]
 
 
 def group_stats(values: torch.Tensor, ids: torch.Tensor, size: int | None = None):
@@ -306,7 +317,8 @@ def reinforce_plus_plus_baseline(
     """
     if config.credit == "turn":
         returns, _, _, g_sum, g_count = _turn_scores(token_rewards, response_mask, index, config.gamma)
-        centered = returns - (g_sum / g_count.clamp(min=1)).unsqueeze(1)
+        mean = torch.where(_episodes_in_group(index) > 1, g_sum / g_count.clamp(min=1), torch.zeros_like(g_sum))
+        centered = returns - mean.unsqueeze(1)
     else:
         scores = token_rewards.sum(dim=-1)
         count, mean, _ = _broadcast_group(scores, index)
