@@ -17,8 +17,9 @@ The trainer calls `compute_advantages(name, ...)` and never special-cases a name
 - `outcome`: the trainer first moves each episode's summed reward onto its last generated id
   (`outcome_rewards`), then the estimator runs as under `token`.
 - `turn`: our multi-turn extension. A turn's return is G_k = r_k + gamma * G_{k+1} (gamma per
-  agent turn); group estimators compare turn returns within the group; GAE runs its TD
-  recursion over turns (the value of turn k is the critic's value before its first id).
+  agent turn); group estimators compare G_k with the returns of turn k in the group's other
+  episodes (same task, same turn number); GAE runs its TD recursion over turns (the value of
+  turn k is the critic's value before its first id).
 
 ## Masks are transparent
 An id with mask 0 (prompt, observations, feedback between turns, padding) neither receives
@@ -28,9 +29,10 @@ restarts its running return at every masked position, so there an outcome reward
 earlier turns; on single-turn masks (prompt, response, padding) the two agree exactly.
 
 ## Edge cases (one documented answer each)
-- A group of one episode: GRPO uses mean 0 and std 1 (verl), RLOO and REINFORCE++-baseline use
-  baseline 0 (verl), so the advantage is the raw score in all three, under every credit mode
-  (under turn credit, the raw turn returns: an episode is never its own baseline).
+- A group of one: GRPO uses mean 0 and std 1 (verl), RLOO and REINFORCE++-baseline use
+  baseline 0 (verl), so the advantage is the raw score in all three. Under turn credit the same
+  holds for a turn number that only one episode of the group reached (so for every turn of a
+  group of one episode): an episode is never its own baseline.
 - Whitening (GAE, REINFORCE++, REINFORCE++-baseline) uses the mean and unbiased variance of all
   generated ids in the batch (verl's masked_whiten); with fewer than two generated ids it gives 0.
 - Rewards on masked ids: group estimators sum every reward of a sequence (verl); the token-level
@@ -76,8 +78,9 @@ def grpo(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO (Shao et al. 2024): (score - group mean) / (group std + eps), (B, T).
 
-    Scores are sequence reward sums (token/outcome credit) or turn returns (turn credit, baseline
-    over every turn of the group). Std is torch.std's unbiased one as in verl;
+    Scores are sequence reward sums (token/outcome credit) or turn returns (turn credit: turn k is
+    compared with turn k of the group's episodes, see TurnDepths). Std is torch.std's unbiased
+    one as in verl;
     `norm_adv_by_std_in_grpo=false` gives Dr. GRPO. Returns equal the advantages.
     """
     if config.credit == "turn":
@@ -128,27 +131,41 @@ def turn_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma
 
 
 def _grpo_turns(token_rewards, response_mask, index, config):
-    returns = turn_returns(token_rewards, response_mask, config.gamma)
-    rows, cols = turn_ends(response_mask).nonzero(as_tuple=True)
-    groups, inverse = torch.unique(index[rows], return_inverse=True)
-    _, mean, std = group_stats(returns[rows, cols], inverse, len(groups))
-    group_of_row = torch.zeros(index.shape[0], dtype=torch.long)
-    group_of_row[rows] = inverse
-    # A group of one episode keeps its raw returns (mean 0, std 1), as under token credit.
-    alone = _episodes_in_group(index) == 1
-    mean_row = torch.where(alone, torch.zeros_like(alone, dtype=returns.dtype), mean[group_of_row])
-    std_row = torch.where(alone, torch.ones_like(mean_row), std[group_of_row])
-    centered = returns - mean_row.unsqueeze(1)
+    depth = TurnDepths(turn_returns(token_rewards, response_mask, config.gamma), response_mask, index)
+    count, mean, std = group_stats(depth.scores, depth.key)
+    alone = count[depth.key] == 1  # raw return: mean 0, std 1, as for a group of one
+    adv = depth.scores - torch.where(alone, 0.0, mean[depth.key])
     if config.norm_adv_by_std_in_grpo:
-        centered = centered / (std_row.unsqueeze(1) + EPS)
-    adv = centered * response_mask
-    return adv, adv
+        adv = adv / (torch.where(alone, 1.0, std[depth.key]) + EPS)
+    out = depth.spread(adv)
+    return out, out
 
 
-def _episodes_in_group(index: torch.Tensor) -> torch.Tensor:
-    """(B,) number of sequences sharing each row's group id."""
-    _, inverse, counts = torch.unique(index, return_inverse=True, return_counts=True)
-    return counts[inverse]
+class TurnDepths:
+    """The turn ends of a batch keyed by (group, turn number): the baseline groups of turn credit.
+
+    Turn k of an episode is compared with turn k of the other episodes of its group. Pooling all
+    turns of a group instead would score early turns above late ones whatever was played (with
+    shaping rewards an episode's returns fall turn by turn), and keep pushing down the last
+    moves of a group that already solves the task.
+    """
+
+    def __init__(self, returns: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor) -> None:
+        self.ids = turn_ids(response_mask)
+        self.mask = response_mask
+        self.rows, cols = turn_ends(response_mask).nonzero(as_tuple=True)
+        self.depth = self.ids[self.rows, cols]
+        _, group = torch.unique(index, return_inverse=True)
+        width = int(self.ids.max()) + 1 if self.ids.numel() else 1
+        _, self.key = torch.unique(group[self.rows] * width + self.depth, return_inverse=True)
+        self.scores = returns[self.rows, cols]
+        self.width = width
+
+    def spread(self, per_turn: torch.Tensor) -> torch.Tensor:
+        """Per-turn-end values (N,) back onto every generated id of their turn, (B, T)."""
+        table = torch.zeros(self.mask.shape[0], self.width, dtype=per_turn.dtype)
+        table[self.rows, self.depth] = per_turn
+        return table.gather(1, self.ids) * self.mask
 
 
 def group_stats(values: torch.Tensor, ids: torch.Tensor, size: int | None = None):
@@ -234,19 +251,6 @@ def _broadcast_group(scores: torch.Tensor, index: torch.Tensor):
     return count[inverse], mean[inverse], std[inverse]
 
 
-def _turn_scores(token_rewards, response_mask, index, gamma):
-    """Turn returns (B, T) and, per row, the sum and count of its turn returns plus group ids."""
-    returns = turn_returns(token_rewards, response_mask, gamma)
-    ends = turn_ends(response_mask)
-    row_sum = (returns * ends).sum(dim=1)
-    row_count = ends.sum(dim=1).to(returns.dtype)
-    _, inverse = torch.unique(index, return_inverse=True)
-    size = int(inverse.max()) + 1 if inverse.numel() else 0
-    g_sum = torch.zeros(size, dtype=returns.dtype).index_add_(0, inverse, row_sum)
-    g_count = torch.zeros(size, dtype=returns.dtype).index_add_(0, inverse, row_count)
-    return returns, row_sum, row_count, g_sum[inverse], g_count[inverse]
-
-
 # ---------------------------------------------------------------------------- RLOO
 @register_estimator("rloo")
 def rloo(
@@ -259,16 +263,16 @@ def rloo(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (Ahmadian et al. 2024): score minus the mean score of the other episodes, (B, T).
 
-    Token/outcome credit is verl's compute_rloo_outcome_advantage. Turn credit: each turn's
-    return minus the mean turn return of the group's other episodes. A group of one: baseline 0.
+    Token/outcome credit is verl's compute_rloo_outcome_advantage. Turn credit: turn k's return
+    minus the mean return of turn k in the group's other episodes (baseline 0 if none has one).
     """
     if config.credit == "turn":
-        returns, row_sum, row_count, g_sum, g_count = _turn_scores(token_rewards, response_mask, index,
-                                                                   config.gamma)
-        others = g_count - row_count
-        baseline = torch.where(others > 0, (g_sum - row_sum) / others.clamp(min=1), torch.zeros_like(g_sum))
-        adv = (returns - baseline.unsqueeze(1)) * response_mask
-        return adv, adv
+        depth = TurnDepths(turn_returns(token_rewards, response_mask, config.gamma), response_mask, index)
+        count, mean, _ = group_stats(depth.scores, depth.key)
+        n = count[depth.key]
+        others = (mean[depth.key] * n - depth.scores) / (n - 1).clamp(min=1)
+        out = depth.spread(depth.scores - torch.where(n > 1, others, 0.0))
+        return out, out
     scores = token_rewards.sum(dim=-1)
     count, mean, _ = _broadcast_group(scores, index)
     n = count
@@ -313,12 +317,12 @@ def reinforce_plus_plus_baseline(
     """REINFORCE++-baseline: score minus its group mean, then whitened over the batch, (B, T).
 
     Token/outcome credit is verl's compute_reinforce_plus_plus_baseline_outcome_advantage.
-    Turn credit: each turn's return minus the group's mean turn return. A group of one: mean 0.
+    Turn credit: turn k's return minus the group's mean return of turn k (0 if it is alone).
     """
     if config.credit == "turn":
-        returns, _, _, g_sum, g_count = _turn_scores(token_rewards, response_mask, index, config.gamma)
-        mean = torch.where(_episodes_in_group(index) > 1, g_sum / g_count.clamp(min=1), torch.zeros_like(g_sum))
-        centered = returns - mean.unsqueeze(1)
+        depth = TurnDepths(turn_returns(token_rewards, response_mask, config.gamma), response_mask, index)
+        count, mean, _ = group_stats(depth.scores, depth.key)
+        centered = depth.spread(depth.scores - torch.where(count[depth.key] > 1, mean[depth.key], 0.0))
     else:
         scores = token_rewards.sum(dim=-1)
         count, mean, _ = _broadcast_group(scores, index)

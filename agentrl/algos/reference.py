@@ -140,34 +140,17 @@ def outcome_rewards(token_rewards: torch.Tensor, response_mask: torch.Tensor) ->
 
 
 # ---------------------------------------------------------------------------- estimators
+def depth_pool(scores: list[list[float]], rows: list[int], k: int) -> list[float]:
+    """Returns of turn k (0-based) of the given rows that reached it, in row order."""
+    return [scores[row][k] for row in rows if len(scores[row]) > k]
+
+
 def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
          values: torch.Tensor | None, config: AlgorithmConfig,
          state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO: (score - group mean) / (group std + eps); a group of one keeps its raw score."""
-    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
-    if config.credit == "turn":
-        scores = [turn_returns(r, m, config.gamma) for r, m in zip(rewards, mask)]
-    else:
-        scores = [[sum(r)] * max(turn_of(m), default=0) for r, m in zip(rewards, mask)]
-    adv: list[Rows] = [[] for _ in rewards]
-    for rows in groups(ids).values():
-        if len(rows) == 1:
-            mean, std = 0.0, 1.0
-        else:
-            pool = ([g for row in rows for g in scores[row]] if config.credit == "turn"
-                    else [sum(rewards[row]) for row in rows])
-            mean, std = mean_std(pool or [0.0])
-        for row in rows:
-            centered = [g - mean for g in scores[row]]
-            adv[row] = [c / (std + EPS) for c in centered] if config.norm_adv_by_std_in_grpo else centered
-    out = _tensor(_spread(adv, mask), token_rewards)
-    return out, out
+    """GRPO: (score - group mean) / (group std + eps); a group of one keeps its raw score.
 
-
-def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-         values: torch.Tensor | None, config: AlgorithmConfig,
-         state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """RLOO: score minus the mean score of the group's other episodes (baseline 0 if none)."""
+    Turn credit: turn k against turn k of the group's episodes (raw where it is alone)."""
     rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
     turn = config.credit == "turn"
     scores = [turn_returns(r, m, config.gamma) if turn else [sum(r)] * max(turn_of(m), default=0)
@@ -175,10 +158,33 @@ def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.
     adv: list[Rows] = [[] for _ in rewards]
     for rows in groups(ids).values():
         for row in rows:
-            others = [g for other in rows if other != row
-                      for g in (scores[other] if turn else [sum(rewards[other])])]
-            baseline = sum(others) / len(others) if others else 0.0
-            adv[row] = [g - baseline for g in scores[row]]
+            adv[row] = []
+            for k, g in enumerate(scores[row]):
+                pool = depth_pool(scores, rows, k) if turn else [scores[other][0] for other in rows]
+                mean, std = mean_std(pool) if len(pool) > 1 else (0.0, 1.0)
+                adv[row].append((g - mean) / (std + EPS) if config.norm_adv_by_std_in_grpo else g - mean)
+    out = _tensor(_spread(adv, mask), token_rewards)
+    return out, out
+
+
+def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+         values: torch.Tensor | None, config: AlgorithmConfig,
+         state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO: score minus the mean score of the group's other episodes (baseline 0 if none).
+
+    Turn credit: turn k against turn k of the group's other episodes."""
+    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
+    turn = config.credit == "turn"
+    scores = [turn_returns(r, m, config.gamma) if turn else [sum(r)] * max(turn_of(m), default=0)
+              for r, m in zip(rewards, mask)]
+    adv: list[Rows] = [[] for _ in rewards]
+    for rows in groups(ids).values():
+        for row in rows:
+            others = [other for other in rows if other != row]
+            adv[row] = []
+            for k, g in enumerate(scores[row]):
+                pool = depth_pool(scores, others, k) if turn else [sum(rewards[o]) for o in others]
+                adv[row].append(g - (sum(pool) / len(pool) if pool else 0.0))
     out = _tensor(_spread(adv, mask), token_rewards)
     return out, out
 
@@ -209,17 +215,20 @@ def reinforce_plus_plus_baseline(token_rewards: torch.Tensor, response_mask: tor
                                  index: torch.Tensor, values: torch.Tensor | None,
                                  config: AlgorithmConfig,
                                  state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++-baseline: score minus its group mean (0 for a group of one), then whitened."""
+    """REINFORCE++-baseline: score minus its group mean (0 for a group of one), then whitened.
+
+    Turn credit: turn k minus the mean of turn k over the group (0 where it is alone)."""
     rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
     turn = config.credit == "turn"
     scores = [turn_returns(r, m, config.gamma) if turn else [sum(r)] * max(turn_of(m), default=0)
               for r, m in zip(rewards, mask)]
     centered: list[Rows] = [[] for _ in rewards]
     for rows in groups(ids).values():
-        pool = [g for row in rows for g in (scores[row] if turn else [sum(rewards[row])])]
-        mean = sum(pool) / len(pool) if len(rows) > 1 and pool else 0.0
         for row in rows:
-            centered[row] = [g - mean for g in scores[row]]
+            centered[row] = []
+            for k, g in enumerate(scores[row]):
+                pool = depth_pool(scores, rows, k) if turn else [sum(rewards[o]) for o in rows]
+                centered[row].append(g - (sum(pool) / len(pool) if len(pool) > 1 else 0.0))
     out = _tensor(whiten(_spread(centered, mask), mask), token_rewards)
     return out, out
 

@@ -77,9 +77,10 @@ def test_turn_returns_cross_observation_gaps():
 def test_turn_credit_grpo_hand_computed():
     mask = torch.tensor([[0, 1, 0, 1.0], [0, 1, 0, 1.0]])
     rewards = torch.tensor([[0, 1.0, 0, 0], [0, 0, 0, 1.0]])
-    # turn returns (gamma=1): row 0 -> [1, 0], row 1 -> [1, 1]; group mean 0.75, unbiased std 0.5
+    # turn returns (gamma=1): row 0 -> [1, 0], row 1 -> [1, 1]; turn 1: both 1 -> 0;
+    # turn 2: 0 vs 1 -> mean 0.5, unbiased std 0.70711 -> -+0.70711
     adv, _ = grpo(rewards, mask, torch.tensor([0, 0]), None, AlgorithmConfig(credit="turn", gamma=1.0))
-    assert torch.allclose(adv, torch.tensor([[0, 0.5, 0, -1.5], [0, 0.5, 0, 0.5]]), atol=1e-5)
+    assert torch.allclose(adv, torch.tensor([[0, 0, 0, -0.70711], [0, 0, 0, 0.70711]]), atol=1e-5)
 
 
 def test_gigpo_compares_turns_from_the_same_state():

@@ -48,8 +48,8 @@ def _check(name, rewards, mask, index, adv, ret=None, values=None, state_ids=Non
 #          (counts for turn 1), nothing for turn 2   -> G = [1, 0]
 PAIR_MASK = [[0, 1, 0, 1], [0, 1, 0, 1]]
 PAIR_REWARDS = [[0, 1, 0, 2], [7, 0, 1, 0]]
-# Pooled turn returns [2, 2, 1, 0]: mean 1.25, unbiased var 2.75/3, std 0.957427.
-PAIR_Z = [[0, 0.78335, 0, 0.78335], [0, -0.26112, 0, -1.30558]]  # (G - 1.25) / 0.957427
+# Turn credit compares turn k with turn k: turn 1 returns 2 vs 1, turn 2 returns 2 vs 0.
+PAIR_Z = [[0, R2, 0, R2], [0, -R2, 0, -R2]]  # each turn: (G - mean) / unbiased std
 
 
 def test_grpo_by_hand():
@@ -62,8 +62,11 @@ def test_grpo_by_hand():
     # Dr. GRPO: no division by std.
     _check("grpo", rewards, mask, [0, 0, 1], [[0, -1, -1, 0], [0, 1, 1, 0], [0, 5, 0, 0]],
            credit="token", norm_adv_by_std_in_grpo=False)
-    # turn credit: every turn of the group compared with the pooled turn returns
+    # turn credit: every turn compared with the same turn of the group's other episodes
     _check("grpo", PAIR_REWARDS, PAIR_MASK, [0, 0], PAIR_Z, credit="turn", gamma=0.5)
+    # a turn number only one episode reached keeps its raw return: row 1's turns 2 and 3 -> 3
+    _check("grpo", [[1, 0, 0, 0, 0], [0, 0, 0, 0, 3]], [[1, 0, 0, 0, 0], [1, 0, 1, 0, 1]], [0, 0],
+           [[-R2, 0, 0, 0, 0], [R2, 0, 3 / (1 + 1e-6), 0, 3 / (1 + 1e-6)]], credit="turn", gamma=1.0)
 
 
 def test_rloo_by_hand():
@@ -71,9 +74,8 @@ def test_rloo_by_hand():
     # 6 - (1+2)/2 = 4.5; row 3 alone in group 1: baseline 0 -> 2.
     mask, rewards = [[1, 1], [1, 0], [1, 1], [0, 1]], [[1, 0], [0, 2], [3, 3], [0, 2]]
     _check("rloo", rewards, mask, [0, 0, 0, 1], [[-3, -3], [-1.5, 0], [4.5, 4.5], [0, 2]], credit="token")
-    # turn credit: row 0's turns minus row 1's mean turn return (1+0)/2 = 0.5 -> 1.5, 1.5;
-    # row 1's turns minus row 0's mean (2+2)/2 = 2 -> -1, -2
-    _check("rloo", PAIR_REWARDS, PAIR_MASK, [0, 0], [[0, 1.5, 0, 1.5], [0, -1, 0, -2]], credit="turn", gamma=0.5)
+    # turn credit: each turn minus the other row's same turn: row 0 2 - 1, 2 - 0; row 1 1 - 2, 0 - 2
+    _check("rloo", PAIR_REWARDS, PAIR_MASK, [0, 0], [[0, 1, 0, 2], [0, -1, 0, -2]], credit="turn", gamma=0.5)
 
 
 def test_reinforce_plus_plus_by_hand():
@@ -96,9 +98,10 @@ def test_reinforce_plus_plus_baseline_by_hand():
     # mean -1/3, var 4/3 -> -0.57735, -0.57735, 1.1547
     _check("reinforce_plus_plus_baseline", [[1, 0, 0], [0, 3, 0]], [[1, 1, 0], [1, 0, 0]], [0, 0],
            [[-0.57735, -0.57735, 0], [1.1547, 0, 0]], credit="token")
-    # turn credit: G - 1.25 = [0.75, 0.75, -0.25, -1.25] (one id each) already has mean 0 and
-    # std 0.957427, so whitening gives the GRPO numbers
-    _check("reinforce_plus_plus_baseline", PAIR_REWARDS, PAIR_MASK, [0, 0], PAIR_Z, credit="turn", gamma=0.5)
+    # turn credit: turn 1 mean 1.5, turn 2 mean 1 -> centered [0.5, 1, -0.5, -1] (one id each):
+    # mean 0, unbiased var 2.5/3 -> divided by 0.91287
+    _check("reinforce_plus_plus_baseline", PAIR_REWARDS, PAIR_MASK, [0, 0],
+           [[0, 0.54772, 0, 1.09545], [0, -0.54772, 0, -1.09545]], credit="turn", gamma=0.5)
 
 
 def test_gae_by_hand():
