@@ -29,7 +29,7 @@ class Env(Protocol):
         ...
 
     def sample_action(self, rng: random.Random) -> str:
-        """A well-formed reply carrying a uniformly random valid action (for warm starts)."""
+        """A well-formed reply carrying a uniformly random valid action in the current state."""
         ...
 
     def close(self) -> None:

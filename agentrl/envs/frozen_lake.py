@@ -354,8 +354,22 @@ class FrozenLakeEnv:
         return {"map_blind": best_blind_success(maps, min(self.max_steps, 10), self.is_slippery)[0]}
 
     def sample_action(self, rng: random.Random) -> str:
-        """A well-formed reply with a uniformly random move."""
-        return f"<answer>{rng.choice(ACTION_NAMES)}</answer>"
+        """A well-formed reply with a uniformly random move that stays on the board.
+
+        Moving into the edge is a legal no-op in Gymnasium; leaving it out of demonstrations makes
+        the warm-started policy read its position (the rules of the board, not the way to the goal).
+        Before reset, any of the four moves.
+        """
+        return f"<answer>{rng.choice(self.valid_moves())}</answer>"
+
+    def valid_moves(self) -> list[str]:
+        """Names of the moves whose intended cell is on the board (all four before reset)."""
+        if self._gym is None or self._done:
+            return list(ACTION_NAMES)
+        side = self._gym.unwrapped.ncol
+        row, col = divmod(self._pos, side)
+        ok = (col > 0, row < self._gym.unwrapped.nrow - 1, col < side - 1, row > 0)  # L, D, R, U
+        return [name for name, keep in zip(ACTION_NAMES, ok) if keep]
 
     def close(self) -> None:
         """Close the underlying Gymnasium env."""

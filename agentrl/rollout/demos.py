@@ -1,46 +1,65 @@
 """Demonstrations of the env's reply format, played through the real agent and conversation.
 
 A `ScriptedClient` stands in for the engine and answers every prompt with a well-formed reply
-carrying a uniformly random valid action (`env.sample_action`). Running the ordinary agent with
-it yields trajectories in exactly the token layout training uses, for the warm start.
+carrying a uniformly random valid action in the episode's current state (`env.sample_action`).
+Running the ordinary agent with it yields trajectories in exactly the token layout training
+uses, for the warm start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
-from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from agentrl.llm.engine import Completion, SamplingParams
 
 
 class ScriptedClient:
-    """An LLM client whose replies are random valid actions, tokenized and closed with EOS."""
+    """An LLM client whose replies are random valid actions of the episode's own env.
 
-    def __init__(self, tokenizer, sample_action: Callable[[random.Random], str]) -> None:
+    Pass `client.env_factory` to the collector: it records which env each episode (asyncio task)
+    plays, so a reply can be drawn from that env's current state (`env.sample_action`).
+    `reply_entropy` sums the entropy of every reply drawn since the last `reset_entropy()`.
+    """
+
+    def __init__(self, tokenizer, make_env: Callable[[], Any]) -> None:
         self.tokenizer = tokenizer
-        self.sample_action = sample_action
+        self._make_env = make_env
+        self._envs: dict[asyncio.Task, Any] = {}
+        self.reply_entropy = 0.0
+
+    def env_factory(self) -> Any:
+        """A fresh env, remembered as the one the calling episode plays."""
+        env = self._make_env()
+        self._envs[asyncio.current_task()] = env
+        return env
+
+    def reset_entropy(self) -> None:
+        """Start a new entropy sum (and forget finished episodes)."""
+        self.reply_entropy = 0.0
+        self._envs = {t: e for t, e in self._envs.items() if not t.done()}
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
-        """Answer with a random valid action (seeded by the request)."""
-        rng = random.Random(sampling.seed)
-        ids = self.tokenizer.encode(self.sample_action(rng), add_special_tokens=False)
+        """Answer with a random valid action of the episode's env (seeded by the request)."""
+        env = self._envs[asyncio.current_task()]
+        reply = env.sample_action(random.Random(sampling.seed))
+        self.reply_entropy += state_entropy(env.sample_action)
+        ids = self.tokenizer.encode(reply, add_special_tokens=False)
         ids.append(self.tokenizer.eos_token_id)
         return Completion(ids, [0.0] * len(ids), "stop")
 
 
-def reply_entropy(sample_action: Callable[[random.Random], str], n: int = 2000, seed: int = 0) -> float:
-    """Entropy (nats) of the demonstration reply distribution, estimated from `n` samples."""
-    rng = random.Random(seed)
-    counts = Counter(sample_action(rng) for _ in range(n))
-    return -sum(c / n * math.log(c / n) for c in counts.values())
+def state_entropy(sample_action: Callable[[random.Random], str], n: int = 64) -> float:
+    """log(number of distinct replies) `sample_action` gives in this state: the entropy of a
+    uniform choice among them (n draws miss one of four with probability 4 * 0.75**64 < 1e-7)."""
+    return math.log(len({sample_action(random.Random(k)) for k in range(n)}))
 
 
 def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, seed: int = 0) -> Iterator[str]:
     """Text the env produces under random play (instructions, observations, replies)."""
-    import asyncio
-
     async def play(k: int) -> list[str]:
         env = env_factory()
         rng = random.Random(seed * 7919 + k)

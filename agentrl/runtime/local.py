@@ -29,7 +29,7 @@ from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.trainer import Trainer
 
-WARM_START_VERSION = 4  # bump when the warm-start recipe changes, to invalidate cached models
+WARM_START_VERSION = 5  # bump when the warm-start recipe changes, to invalidate cached models
 DEMO_SEED_BASE = 2_000_000
 
 
@@ -125,23 +125,22 @@ def load_policy(cfg: Config, env_factory: Callable, log: Callable[[str], None]) 
 def build_tiny(cfg: Config, env_factory: Callable, log: Callable[[str], None]) -> tuple[Any, Any]:
     """Train the tokenizer, build the tiny model and warm-start it on the env's format."""
     from agentrl.models.tiny import build_model, build_tokenizer
-    from agentrl.rollout.demos import ScriptedClient, corpus, reply_entropy
+    from agentrl.rollout.demos import ScriptedClient, corpus
     from agentrl.train.warm_start import warm_start
 
     tokenizer = build_tokenizer(corpus(env_factory, max_turns=cfg.env.max_turns, seed=cfg.seed),
                                 cfg.model.tiny.vocab_size)
     model = build_model(cfg.model.tiny, tokenizer, seed=cfg.seed)
-    env = env_factory()
-    sample_action = env.sample_action
-    env.close()
-    collector = RolloutCollector(env_factory, make_agent(cfg, tokenizer), ScriptedClient(tokenizer, sample_action))
+    client = ScriptedClient(tokenizer, env_factory)
+    collector = RolloutCollector(client.env_factory, make_agent(cfg, tokenizer), client)
     ws = cfg.model.warm_start
 
     def demos(step: int):
         tasks = make_tasks(cfg.seed, step, ws.batch_size, 1, seed_base=DEMO_SEED_BASE)
-        return collector.collect(tasks).trajectories
+        client.reset_entropy()
+        return collector.collect(tasks).trajectories, client.reply_entropy
 
-    stats = warm_start(model, demos, reply_entropy(sample_action), ws, tokenizer.pad_token_id, log)
+    stats = warm_start(model, demos, ws, tokenizer.pad_token_id, log)
     log(f"warm start done: {stats['steps']} steps, loss {stats['loss']:.4f} (floor {stats['floor']:.4f})")
     return model, tokenizer
 

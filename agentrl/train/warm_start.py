@@ -1,7 +1,8 @@
 """Supervised warm start: teach a fresh model the reply format, not the best reply.
 
-Demonstrations carry uniformly random valid actions, so the best the model can do is to put
-equal mass on every valid reply: the reply loss has a floor of H(reply) per turn. Training stops
+Demonstrations carry uniformly random valid actions of the state they are played in, so the best
+the model can do is to put equal mass on the valid replies of each state: the reply loss has a
+floor of the summed entropy of those choices (log of the number of valid replies per turn). Training stops
 as soon as the reply loss sits at that floor; anything the policy learns afterwards about which
 move is best is learned by RL.
 
@@ -24,19 +25,22 @@ from agentrl.train.actor import token_logprobs
 from agentrl.train.batch import pack
 
 
-def warm_start(model: torch.nn.Module, demos: Callable[[int], list[Trajectory]], reply_entropy: float,
+def warm_start(model: torch.nn.Module, demos: Callable[[int], tuple[list[Trajectory], float]],
                cfg: WarmStartConfig, pad_token_id: int,
                log: Callable[[str], None] | None = None) -> dict[str, float]:
-    """Fit `model` to demonstration batches `demos(step)` until the loss reaches the floor."""
+    """Fit `model` to demonstration batches until the loss reaches the floor.
+
+    `demos(step)` gives a batch of trajectories and the summed entropy of their replies.
+    """
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
     model.train()
     at_floor, loss_v, floor, step = 0, float("nan"), float("nan"), 0
     for step in range(1, cfg.max_steps + 1):
-        trajs = demos(step)
+        trajs, reply_entropy = demos(step)
         batch = pack(trajs, pad_token_id).to(device)
         n_tokens = batch.loss_mask.sum().clamp(min=1.0)
-        floor = float(sum(t.num_turns for t in trajs) * reply_entropy / n_tokens)
+        floor = float(reply_entropy / n_tokens)
         logp = token_logprobs(model, batch.input_ids, batch.attention_mask)
         reply_loss = -(logp * batch.loss_mask).sum() / n_tokens
         loss = reply_loss

@@ -274,6 +274,16 @@ def test_sample_action():
     assert all(s.startswith("<answer>") and s.endswith("</answer>") for s in samples)
 
 
+async def test_sample_action_keeps_to_the_board():
+    # demonstrations draw among the moves that stay on the board: from the corner only two
+    env = FrozenLakeEnv(progress_reward=0.0)
+    await env.reset(seed=0)
+    rng = random.Random(0)
+    assert {parse_action(env.sample_action(rng)) for _ in range(100)} == {1, 2}  # Down, Right
+    await env.step("Right")  # top edge, column 2: Left, Down, Right
+    assert {parse_action(env.sample_action(rng)) for _ in range(100)} == {0, 1, 2}
+
+
 # --- map-blind baseline ----------------------------------------------------------------------
 
 

@@ -1,0 +1,50 @@
+"""Warm-start demonstrations: every reply is a uniformly random valid move of its own episode."""
+
+import math
+import re
+
+import pytest
+
+from agentrl.agents.chat import ChatAgent
+from agentrl.envs.frozen_lake import ACTION_NAMES, FrozenLakeEnv, parse_action
+from agentrl.llm.engine import SamplingParams
+from agentrl.rollout.collector import RolloutCollector, make_tasks
+from agentrl.rollout.demos import ScriptedClient
+
+
+def _replies(traj, tokenizer):
+    """The text of each generated span (decoded only to check it, never to train on)."""
+    spans, start = [], None
+    for i, m in enumerate(traj.loss_mask + [0]):
+        if m and start is None:
+            start = i
+        if not m and start is not None:
+            spans.append(tokenizer.decode(traj.token_ids[start:i], skip_special_tokens=True))
+            start = None
+    return spans
+
+
+def _on_board(observation):
+    row, col = map(int, re.search(r"P: row (\d+), column (\d+)\.", observation).groups())
+    keep = (col > 1, row < 4, col < 4, row > 1)  # Left, Down, Right, Up on a 4x4 board (1-based)
+    return {i for i, k in enumerate(keep) if k}
+
+
+def test_demo_replies_follow_each_episodes_own_state(tiny_tokenizer):
+    client = ScriptedClient(tiny_tokenizer, lambda: FrozenLakeEnv(map_name="4x4"))
+    agent = ChatAgent(tiny_tokenizer, SamplingParams(max_new_tokens=8), max_turns=6)
+    collector = RolloutCollector(client.env_factory, agent, client)
+    client.reset_entropy()
+    trajs = collector.collect(make_tasks(0, 0, 12, 1)).trajectories  # 12 episodes at once
+    assert len(trajs) == 12
+    expected, moves = 0.0, set()
+    for traj in trajs:
+        replies = _replies(traj, tiny_tokenizer)
+        assert len(replies) == len(traj.turn_states) > 0
+        for observation, reply in zip(traj.turn_states, replies):
+            valid = _on_board(observation)
+            assert parse_action(reply) in valid, (observation, reply)
+            moves.add(parse_action(reply))
+            expected += math.log(len(valid))
+    assert moves == set(range(len(ACTION_NAMES)))  # random, not one fixed move
+    assert client.reply_entropy == pytest.approx(expected)
