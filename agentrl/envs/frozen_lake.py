@@ -27,11 +27,14 @@ The player stands on the start cell, row 0 column 0.
 `success_reward` for reaching the goal, `hole_reward` for falling into a hole, `step_reward`
 for any other valid move, `format_penalty` for a reply that cannot be parsed. On top of that,
 `progress_reward` shapes each move by the change of the potential -d(s)/d(start), where d is the
-shortest-path distance to the goal over ice (Ng et al. 1999: potential-based shaping keeps the
-optimal policy). The shaping of an episode sums to `progress_reward` times the fraction of the
-way covered; a hole resets the potential to the start's, so falling in forfeits it. Without
-it a uniform random policy reaches the goal of the 4x4 map within 8 steps 0.3% of the time,
-which leaves RL almost nothing to learn from. Set it to 0 for Gymnasium's sparse reward.
+shortest-path distance to the goal over ice (Ng et al. 1999). The shaping of an episode sums to
+`progress_reward` times the fraction of the way covered. A hole ends the episode and keeps the
+progress made: its cost is the goal's reward it can no longer earn, and since every episode's
+shaping is below `progress_reward`, reaching the goal still beats any other outcome. Taking the
+progress back instead (measured) taught the tiny policy to stay safe in the first row: near the
+goal every path runs beside holes, and a still-random policy falls into them. Without shaping a
+uniform random policy reaches the goal of the 4x4 map within 8 steps 0.3% of the time, which
+leaves RL almost nothing to learn from. Set it to 0 for Gymnasium's sparse reward.
 
 ## Episode end
 Termination: the player reaches the goal or falls into a hole. Truncation: `max_steps` steps
@@ -325,9 +328,7 @@ class FrozenLakeEnv:
             self._pos, _, terminated, truncated, _ = self._gym.step(move)
             cell = self._cell()
             reward = {"G": self.success_reward, "H": self.hole_reward}.get(cell, self.step_reward)
-            if cell == "H":  # falling in forfeits the progress made: back to the start's potential
-                reward += self.progress_reward * (-1.0 - before)
-            else:
+            if cell != "H":  # a hole ends the episode and keeps the progress made (see Rewards)
                 reward += self.progress_reward * (self._potential(self._pos) - before)
         # Gymnasium's TimeLimit only sees valid moves; invalid replies use up steps too. Unlike
         # TimeLimit, a step that terminates is never also truncated (the outcome is final).

@@ -338,7 +338,7 @@ def test_bad_args(kwargs, name):
         FrozenLakeEnv(**kwargs)
 
 
-async def test_progress_shaping_sums_to_fraction_of_way_and_is_lost_in_a_hole():
+async def test_progress_shaping_sums_to_fraction_of_way_and_is_kept_in_a_hole():
     env = FrozenLakeEnv(progress_reward=0.5)  # default 4x4: shortest path 6 (Down, Down, Right, Down, Right, Right)
     await env.reset(seed=0)
     total = 0.0
@@ -346,9 +346,9 @@ async def test_progress_shaping_sums_to_fraction_of_way_and_is_lost_in_a_hole():
         _, r, *_ = await env.step(move)
         total += r
     assert total == pytest.approx(0.5 * 3 / 6)
-    _, r, term, _, info = await env.step("Up")  # (1,1) is a hole: the progress made is taken back
+    _, r, term, _, info = await env.step("Up")  # (1,1) is a hole: the episode ends, progress kept
     assert term and not info["success"]
-    assert total + r == pytest.approx(0.0)
+    assert r == 0.0 and total + r == pytest.approx(0.5 * 3 / 6)
     await env.reset(seed=0)
     rewards = [(await env.step(m))[1] for m in ["Down", "Down", "Right", "Down", "Right", "Right"]]
     assert sum(rewards) == pytest.approx(1.0 + 0.5)
