@@ -57,6 +57,17 @@ class Reference:
         return batch_logprobs(self.model, batch, self.micro_batch_size, self.temperature)
 
 
+def lr_factor(step: int, total: int, kind: str, warmup_ratio: float = 0.0, min_ratio: float = 0.0) -> float:
+    """Multiplier of the base learning rate at training step `step` (0-based) of `total`."""
+    warmup = int(warmup_ratio * total)
+    if step < warmup:
+        return (step + 1) / warmup
+    if kind == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 class Actor:
     """Holds the policy model and its optimizer."""
 
@@ -74,6 +85,14 @@ class Actor:
     def device(self) -> torch.device:
         """Where the model lives."""
         return next(self.model.parameters()).device
+
+    def schedule(self, step: int, total: int) -> float:
+        """Set the learning rate for training step `step` (0-based) of `total`; returns it."""
+        c = self.cfg
+        lr = c.lr * lr_factor(step, total, c.lr_scheduler_type, c.lr_warmup_steps_ratio, c.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """The current policy's logprobs for the whole batch, (B, T)."""

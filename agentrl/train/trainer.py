@@ -111,6 +111,7 @@ class Trainer:
             with self.timer.scope("update"):
                 if self.critic is not None:
                     metrics.update(self.critic.update(batch))
+                metrics["policy/lr"] = self.actor.schedule(self.step_idx - 1, self.cfg.trainer.total_steps)
                 metrics.update(self.actor.update(batch))
             with self.timer.scope("sync"):
                 self.sync()

@@ -45,6 +45,8 @@ def test_smoke_run_of_the_cli_writes_the_run_folder(tmp_path, cache_dir):
     steps = [r["step"] for r in rows if "reward/mean" in r]
     assert steps == [1, 2]
     assert any(k.startswith("loss/") for k in rows[1]) and any(k.startswith("perf/") for k in rows[1])
+    lrs = [r["policy/lr"] for r in rows if "policy/lr" in r]
+    assert len(lrs) == 2 and lrs[1] == pytest.approx(lrs[0] / 2)  # cosine over 2 steps: 1, then 0.5
     assert (run / "config.yaml").is_file() and (run / "curves.png").stat().st_size > 0
     assert list((run / "tensorboard").glob("events.out.tfevents*"))
     ckpt = sorted((run / "checkpoints").iterdir())[-1]
@@ -75,7 +77,8 @@ def test_ppo_with_critic_and_filters_trains_and_resumes(tmp_path, cache_dir):
             "critic.micro_batch_size=2", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
             "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=2",
             "rollout.rollout_filter_ratio=0.5", "rollout.batch_size=8", "actor.ppo_mini_batch_size=8",
-            "critic.ppo_mini_batch_size=8", f"model.cache_dir={cache_dir}"]
+            "critic.ppo_mini_batch_size=8", f"model.cache_dir={cache_dir}",
+            "actor.lr_scheduler_type=constant"]  # the resume below extends total_steps: keep one lr
     cfg = load_config("configs/frozen_lake.yaml", [*over, f"run_dir={tmp_path / 'a'}", "trainer.total_steps=3"])
     train(cfg, log=lambda m: None)
     rows = [r for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if "rollout/kept_groups" in r]
