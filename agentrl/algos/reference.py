@@ -145,6 +145,12 @@ def depth_pool(scores: list[list[float]], rows: list[int], k: int) -> list[float
     return [scores[row][k] for row in rows if len(scores[row]) > k]
 
 
+def turn_scores(rewards: Rows, mask: Rows, turn: bool, gamma: float) -> list[list[float]]:
+    """Per row, one score per turn: its return (turn credit) or the row's reward sum."""
+    return [turn_returns(r, m, gamma) if turn else [sum(r)] * max(turn_of(m), default=0)
+            for r, m in zip(rewards, mask)]
+
+
 def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
          values: torch.Tensor | None, config: AlgorithmConfig,
          state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,8 +159,7 @@ def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.
     Turn credit: turn k against turn k of the group's episodes (raw where it is alone)."""
     rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
     turn = config.credit == "turn"
-    scores = [turn_returns(r, m, config.gamma) if turn else [sum(r)] * max(turn_of(m), default=0)
-              for r, m in zip(rewards, mask)]
+    scores = turn_scores(rewards, mask, turn, config.gamma)
     adv: list[Rows] = [[] for _ in rewards]
     for rows in groups(ids).values():
         for row in rows:
@@ -175,8 +180,7 @@ def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.
     Turn credit: turn k against turn k of the group's other episodes."""
     rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
     turn = config.credit == "turn"
-    scores = [turn_returns(r, m, config.gamma) if turn else [sum(r)] * max(turn_of(m), default=0)
-              for r, m in zip(rewards, mask)]
+    scores = turn_scores(rewards, mask, turn, config.gamma)
     adv: list[Rows] = [[] for _ in rewards]
     for rows in groups(ids).values():
         for row in rows:
@@ -220,8 +224,7 @@ def reinforce_plus_plus_baseline(token_rewards: torch.Tensor, response_mask: tor
     Turn credit: turn k minus the mean of turn k over the group (0 where it is alone)."""
     rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
     turn = config.credit == "turn"
-    scores = [turn_returns(r, m, config.gamma) if turn else [sum(r)] * max(turn_of(m), default=0)
-              for r, m in zip(rewards, mask)]
+    scores = turn_scores(rewards, mask, turn, config.gamma)
     centered: list[Rows] = [[] for _ in rewards]
     for rows in groups(ids).values():
         for row in rows:
