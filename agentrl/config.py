@@ -99,6 +99,27 @@ class AgentConfig:
     """Registered agent name (see agentrl.registry.register_agent)."""
     system_prompt: Optional[str] = None
     """Optional system message; the env's instructions always open the first user message."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the agent's constructor, e.g. {turn_discount: 0.8} for math_retry."""
+
+
+@dataclass
+class CustomEnvConfig(EnvConfig):
+    """One named env definition (ROLL's custom_envs entry): type, args, max_turns, and an agent."""
+
+    agent: Optional[AgentConfig] = None
+    """This env's own agent; null plays it with the top-level agent section."""
+
+
+@dataclass
+class EnvManagerConfig:
+    """Which named envs a batch plays and how many groups of each (ROLL's env managers)."""
+
+    tags: list[str] = field(default_factory=list)
+    """Names from custom_envs (or the env section's type); empty = every defined env, in order."""
+    n_groups: list[int] = field(default_factory=list)
+    """Groups of each tag per batch, aligned with tags, summing to the batch's group count;
+    empty = an even split."""
 
 
 # ---------------------------------------------------------------------------- rollout
@@ -123,6 +144,14 @@ class RolloutConfig:
     rollout_filter_ratio: float = 1.0
     """RAGEN's variance filter: keep this fraction of groups, those with the largest reward std
     (1.0 keeps all)."""
+    max_episode_tokens: int = 0
+    """Most tokens the policy may generate in one episode, all turns together (a turn's
+    max_new_tokens is cut to what is left); 0 = no limit. An episode that has spent it ends as
+    truncated, with info truncation_reason=token_budget."""
+    max_model_len: int = 0
+    """Context limit of one episode, prompt and every turn (vLLM's name); 0 = the model's
+    max_position_embeddings. An episode whose next prompt leaves no room to reply ends as
+    truncated, with info truncation_reason=context."""
 
 
 # ---------------------------------------------------------------------------- algorithm
@@ -300,12 +329,25 @@ class Config:
     """Parent folder of run folders."""
     run_dir: Optional[str] = None
     """Exact run folder (overrides output_dir/exp_name)."""
+    imports: list[str] = field(default_factory=list)
+    """Python modules or .py files imported before the run is built, e.g. one that registers its
+    own envs and agents with register_env / register_agent."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     env: EnvConfig = field(default_factory=EnvConfig)
-    """The environment."""
+    """The environment of a one-env run, tagged by its type; leave it at its defaults when
+    custom_envs is used."""
     agent: AgentConfig = field(default_factory=AgentConfig)
-    """The agent."""
+    """The agent (of every env that names none of its own)."""
+    custom_envs: dict[str, CustomEnvConfig] = field(default_factory=dict)
+    """Named env definitions (ROLL's custom_envs), each {type, args, max_turns, agent}; the
+    names are the tags that env managers pick and that metrics are logged under (env/<tag>/)."""
+    train_env_manager: EnvManagerConfig = field(default_factory=EnvManagerConfig)
+    """Tags of training batches: rollout.batch_size / rollout.group_size groups of
+    rollout.group_size episodes that share one env seed."""
+    val_env_manager: EnvManagerConfig = field(default_factory=EnvManagerConfig)
+    """Tags of evaluation: trainer.eval_episodes greedy episodes, one per group (n_groups counts
+    episodes); empty tags = the training tags."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Episode sampling."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -320,6 +362,49 @@ class Config:
     def resolved_run_dir(self) -> Path:
         """The folder this run writes to."""
         return Path(self.run_dir) if self.run_dir else Path(self.output_dir) / self.exp_name
+
+    def env_definitions(self) -> dict[str, CustomEnvConfig]:
+        """Every named env of the run: custom_envs, or the env section under its type's name."""
+        if self.custom_envs:
+            return dict(self.custom_envs)
+        e = self.env
+        return {e.type: CustomEnvConfig(type=e.type, args=dict(e.args), max_turns=e.max_turns)}
+
+    def agent_for(self, tag: str) -> AgentConfig:
+        """The agent section that plays `tag`."""
+        return self.env_definitions()[tag].agent or self.agent
+
+    def group_tags(self, split: Literal["train", "val"]) -> list[str]:
+        """The tag of each group of a training batch or of an evaluation, in order."""
+        tags, counts = self._group_counts(split)
+        return [tag for tag, n in zip(tags, counts) for _ in range(n)]
+
+    def max_turns(self) -> int:
+        """The most agent turns any env of the run allows."""
+        return max(d.max_turns for d in self.env_definitions().values())
+
+    def _group_counts(self, split: str) -> tuple[list[str], list[int]]:
+        manager = self.train_env_manager if split == "train" else self.val_env_manager
+        name = f"{split}_env_manager"
+        if split == "train":
+            total, what = self.rollout.batch_size // self.rollout.group_size, (
+                f"rollout.batch_size={self.rollout.batch_size} / rollout.group_size={self.rollout.group_size}")
+        else:
+            total, what = self.trainer.eval_episodes, f"trainer.eval_episodes={self.trainer.eval_episodes}"
+        tags = list(manager.tags) or (self._group_counts("train")[0] if split == "val"
+                                      else list(self.env_definitions()))
+        if not manager.n_groups:
+            if total % len(tags):
+                raise ConfigError(f"{what} gives {total} groups, which do not split evenly over {len(tags)} "
+                                  f"tags {tags}; set {name}.n_groups (one count per tag)")
+            return tags, [total // len(tags)] * len(tags)
+        if len(manager.n_groups) != len(tags):
+            raise ConfigError(f"{name}.n_groups has {len(manager.n_groups)} entries but {name}.tags has "
+                              f"{len(tags)} ({tags}); give one group count per tag")
+        if sum(manager.n_groups) != total:
+            raise ConfigError(f"{name}.n_groups={manager.n_groups} sums to {sum(manager.n_groups)} groups, "
+                              f"but {what} gives {total}")
+        return tags, list(manager.n_groups)
 
 
 # ---------------------------------------------------------------------------- loading
@@ -396,22 +481,55 @@ def set_path(obj: Any, dotted: str, value: Any, prefix: str = "") -> None:
             setattr(obj, head, from_dict(type(current), value, prefix=full + "."))
         return
     if rest:
+        entry_tp = _dataclass_in(hint_type)
+        if isinstance(current, dict) and entry_tp is not None:  # named sections (custom_envs.<name>.…)
+            name, _, sub = rest.partition(".")
+            entry = current.get(name)
+            if sub:
+                entry = entry if entry is not None else entry_tp()
+                set_path(entry, sub, value, prefix=f"{full}.{name}.")
+            else:
+                entry = coerce(value, entry_tp, f"{full}.{name}")
+            setattr(obj, head, {**current, name: entry})
+            return
         if isinstance(current, dict):  # free-form dicts (env.args) accept any nested key
             new = dict(current)
             _set_nested(new, rest, value)
             setattr(obj, head, new)
             return
+        if current is None and entry_tp is not None:  # an optional section set key by key
+            section = entry_tp()
+            set_path(section, rest, value, prefix=full + ".")
+            setattr(obj, head, section)
+            return
         raise ConfigError(f"config key '{full}' is a {_type_name(hint_type)}, it has no field '{rest}'")
     setattr(obj, head, coerce(value, hint_type, full))
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    """The dataclass of an Optional[section] or dict[str, section] type, else None."""
+    origin = typing.get_origin(tp)
+    if origin is dict:
+        args = typing.get_args(tp)
+        return args[1] if len(args) == 2 and dataclasses.is_dataclass(args[1]) else None
+    if origin is typing.Union or origin is types.UnionType:
+        found = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        return found[0] if found else None
+    return None
 
 
 def coerce(value: Any, tp: Any, name: str) -> Any:
     """Check `value` against type `tp` (int, float, bool, str, Optional, Literal, list, dict)."""
     origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, prefix=name + ".")
     if origin is typing.Union or origin is types.UnionType:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        section = _dataclass_in(tp)
+        if section is not None and isinstance(value, dict):  # keep the section's own key errors
+            return from_dict(section, value, prefix=name + ".")
         errors = []
         for arg in args:
             if arg is type(None):
@@ -436,7 +554,13 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{name}={value!r} must be a mapping")
-        return dict(value)
+        section = _dataclass_in(tp)
+        if section is None:
+            return dict(value)
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise ConfigError(f"{name}: names must be strings, got {bad[0]!r}")
+        return {k: coerce(v if v is not None else {}, section, f"{name}.{k}") for k, v in value.items()}
     if tp is Any:
         return value
     if tp is bool:
@@ -512,6 +636,8 @@ def validate(cfg: Config) -> None:
     _positive(a, "actor", "ppo_epochs", "ppo_mini_batch_size", "micro_batch_size")
     _positive(t, "trainer", "total_steps", "eval_episodes", "max_checkpoints")
     _positive(cfg.env, "env", "max_turns")
+    if r.max_episode_tokens < 0 or r.max_model_len < 0:
+        raise ConfigError("rollout.max_episode_tokens and rollout.max_model_len must be >= 0 (0 = no limit)")
     if r.batch_size % r.group_size:
         raise ConfigError(
             f"rollout.batch_size={r.batch_size} is not a multiple of rollout.group_size={r.group_size}; "
@@ -545,6 +671,7 @@ def validate(cfg: Config) -> None:
     if not 0.0 <= cfg.algorithm.gamma <= 1.0:
         raise ConfigError(f"algorithm.gamma={cfg.algorithm.gamma} must be in [0, 1]")
     _validate_algorithm(cfg)
+    _validate_env_groups(cfg)
     if t.test_freq < 0 or t.save_freq < 0:
         raise ConfigError("trainer.test_freq and trainer.save_freq must be >= 0")
     if cfg.model.path is not None and not Path(cfg.model.path).expanduser().is_dir():
@@ -579,6 +706,33 @@ def _validate_algorithm(cfg: Config) -> None:
         raise ConfigError("algorithm.kl_ctrl: kl_coef must be >= 0, horizon and target_kl > 0")
     if a.loss_scale_factor is not None and a.loss_scale_factor <= 0:
         raise ConfigError(f"actor.loss_scale_factor={a.loss_scale_factor} must be > 0 (or null)")
+
+
+def _validate_env_groups(cfg: Config) -> None:
+    """Named envs and the tags and group counts of both env managers."""
+    if cfg.custom_envs and cfg.env != EnvConfig():
+        raise ConfigError("both env and custom_envs are set: env is the shorthand for a one-env run; with "
+                          "custom_envs, define every env there and leave env at its defaults")
+    for name, definition in cfg.custom_envs.items():
+        if not name or "/" in name or name != name.strip():
+            raise ConfigError(f"custom_envs name {name!r} must be non-empty, without '/' or outer spaces "
+                              "(it becomes the metric prefix env/<name>/)")
+        _positive(definition, f"custom_envs.{name}", "max_turns")
+    known = list(cfg.env_definitions())
+    for split in ("train", "val"):
+        manager = getattr(cfg, f"{split}_env_manager")
+        for tag in manager.tags:
+            if tag not in known:
+                raise ConfigError(f"{split}_env_manager.tags: unknown tag '{tag}'.{did_you_mean(tag, known)} "
+                                  f"Defined: {', '.join(known)}")
+        if len(set(manager.tags)) != len(manager.tags):
+            raise ConfigError(f"{split}_env_manager.tags={manager.tags} names a tag twice; give each tag once "
+                              "with its count in n_groups")
+        bad = [n for n in manager.n_groups if n < 1]
+        if bad:
+            raise ConfigError(f"{split}_env_manager.n_groups={manager.n_groups}: every count must be >= 1 "
+                              "(leave a tag out instead)")
+        cfg.group_tags(split)  # raises on a count mismatch or an uneven split
 
 
 def _positive(section: Any, name: str, *keys: str) -> None:

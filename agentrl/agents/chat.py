@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentrl.envs.base import Env
-from agentrl.llm.conversation import Conversation
+from agentrl.llm.conversation import Conversation, TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.registry import register_agent
 from agentrl.rollout.trajectory import Task, Trajectory
@@ -15,16 +15,21 @@ class ChatAgent:
 
     A reply cut off at `max_new_tokens` (no EOS) is handed to the env as an empty reply, so it
     earns the format penalty: otherwise the policy learns to ramble until the budget runs out.
+    When the `budget` leaves no room for another reply (episode token budget spent, or the next
+    prompt fills the context) the episode ends as truncated: the last observation, which no
+    reply can follow, is taken back out of the sequence, and `info["truncation_reason"]` says
+    why (`env`, `max_turns`, `context` or `token_budget`).
     """
 
     def __init__(self, tokenizer, sampling: SamplingParams, max_turns: int,
-                 system_prompt: str | None = None) -> None:
+                 system_prompt: str | None = None, budget: TokenBudget | None = None) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.max_turns = max_turns
         self.system_prompt = system_prompt
+        self.budget = budget or TokenBudget()
         self.eos_token_ids = (tokenizer.eos_token_id,)
 
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
@@ -36,11 +41,19 @@ class ChatAgent:
         conv.add_message("user", f"{env.instructions}\n{obs}")
         info: dict = {"success": False, "truncated_replies": 0, "invalid_actions": 0}
         terminated = truncated = False
+        reason: str | None = "max_turns"
         states = []
+        observed = None  # mark before the latest observation, taken back if no reply can follow it
         for turn in range(self.max_turns):
+            prompt = conv.prompt_ids()
+            max_new, stop = self.budget.allowance(len(prompt), conv.num_generated(), self.sampling.max_new_tokens)
+            if stop:
+                if observed is not None:
+                    conv.rollback(observed)
+                reason = stop
+                break
             states.append(obs)
-            sampling = self._sampling(task, turn)
-            completion = await llm.generate(conv.prompt_ids(), sampling)
+            completion = await llm.generate(prompt, turn_sampling(self.sampling, task, turn, max_new))
             reply = conv.add_completion(completion, self.eos_token_ids)
             if completion.finish_reason != "stop":
                 info["truncated_replies"] += 1
@@ -50,10 +63,13 @@ class ChatAgent:
             info["invalid_actions"] += int(not step_info.get("action_valid", True))
             if terminated or truncated:
                 info.update(step_info)
+                reason = None if terminated else "env"
                 break
+            observed = conv.mark()
             conv.add_message("user", obs)
         info["success"] = bool(info.get("success", False))
         info["terminated"], info["truncated"] = bool(terminated), not terminated
+        info["truncation_reason"] = reason
         info["turns"] = len(conv.rewards)
         if "optimal_success" in reset_info:
             info["optimal_success"] = reset_info["optimal_success"]
@@ -62,12 +78,13 @@ class ChatAgent:
         return Trajectory(conv.token_ids, conv.loss_mask, conv.logprobs, conv.versions, conv.rewards,
                           conv.reward_positions, task.group_id, task.env_seed, info, states)
 
-    def _sampling(self, task: Task, turn: int) -> SamplingParams:
-        s = self.sampling
-        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                              max_new_tokens=s.max_new_tokens, greedy=task.greedy or s.greedy,
-                              stop_token_ids=s.stop_token_ids,
-                              seed=(task.sampling_seed * 1_000_003 + turn) % (1 << 63))
+
+def turn_sampling(base: SamplingParams, task: Task, turn: int, max_new_tokens: int | None = None) -> SamplingParams:
+    """The sampling of one turn: greedy for eval tasks, seeded by the task and the turn."""
+    return SamplingParams(temperature=base.temperature, top_p=base.top_p, top_k=base.top_k,
+                          max_new_tokens=base.max_new_tokens if max_new_tokens is None else max_new_tokens,
+                          greedy=task.greedy or base.greedy, stop_token_ids=base.stop_token_ids,
+                          seed=(task.sampling_seed * 1_000_003 + turn) % (1 << 63))
 
 
 register_agent("chat", ChatAgent)

@@ -59,6 +59,7 @@ import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import MAPS, generate_random_map
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as _GymFrozenLake
 
+from agentrl.envs.text import answer_content
 from agentrl.errors import ConfigError, EnvError
 from agentrl.registry import register_env
 
@@ -87,16 +88,7 @@ def render_board(desc: Any, pos: int) -> str:
 
 def _answer_content(reply: str) -> str:
     """The lower-cased text the move is read from: the last answer tag's content, else the reply."""
-    text = reply.lower()
-    close = text.rfind("</answer>")
-    if close != -1:
-        start = text.rfind("<answer>", 0, close)
-        if start != -1:
-            return text[start + len("<answer>") : close]
-    start = text.rfind("<answer>")
-    if start != -1 and text.find("</answer>", start) == -1:
-        return text[start + len("<answer>") :]  # a reply cut off inside its answer
-    return text
+    return answer_content(reply.lower())
 
 
 def parse_action(reply: str) -> int | None:

@@ -8,8 +8,13 @@ data: decoding happens only to hand the env its action text and to render later 
 
 Each new piece is the *difference* between the template's rendering of the conversation with
 and without it, so templates that add a default system prompt (Qwen2.5) or close assistant
-turns with extra text work unchanged. That needs a prefix-preserving template; one that is
-not is reported as soon as it shows.
+turns with extra text work unchanged. That needs a prefix-preserving template:
+`check_chat_template` plays the agent's conversation shape at start-up and fails with one line
+if the template is not (a conversation also re-checks every turn).
+
+`TokenBudget` holds an episode's limits (generated tokens in all turns, context length):
+agents ask it how long the next reply may be, and end the episode as truncated, with the
+reason, when there is no room left, instead of sending the engine a request it must refuse.
 """
 
 from __future__ import annotations
@@ -18,6 +23,12 @@ from dataclasses import dataclass, field
 
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion
+
+NOT_PREFIX_PRESERVING = (
+    "the tokenizer's chat template is not prefix-preserving: rendering turns 1..k+1 does not start with "
+    "the rendering of turns 1..k ({where}); multi-turn training data would be corrupted (use a template "
+    "without history-dependent edits, e.g. one that keeps earlier assistant turns verbatim)"
+)
 
 
 @dataclass
@@ -50,6 +61,43 @@ class Conversation:
         """Length of the next prompt."""
         return len(self.prompt_ids())
 
+    def num_generated(self) -> int:
+        """Ids the policy generated so far."""
+        return sum(self.loss_mask)
+
+    def add_prepared(self, role: str, content: str, prepared: tuple[str, list[int]]) -> None:
+        """Append a fixed message whose (text, ids) were rendered and tokenised once in advance.
+
+        Feedback an agent repeats every turn is tokenised once (AReaL's pattern); the rendering is
+        still compared as text, and a template that renders it differently here falls back to
+        encoding this rendering, so the ids always match the text.
+        """
+        self.messages.append({"role": role, "content": content})
+        text = self._render(add_generation_prompt=False)
+        delta = self._delta(text)
+        self._append_ids(list(prepared[1]) if delta == prepared[0] else self._encode(delta), mask=0)
+        self._rendered = text
+
+    def prepare(self, role: str, content: str) -> tuple[str, list[int]]:
+        """(text, ids) that `role`'s `content` adds after this conversation, for `add_prepared`."""
+        probe = Conversation(self.tokenizer, messages=list(self.messages), _rendered=self._rendered)
+        probe.add_message(role, content)
+        return probe._rendered[len(self._rendered):], probe.token_ids
+
+    def mark(self) -> tuple[int, int, str]:
+        """A point to `rollback` to (messages, ids, rendering)."""
+        return len(self.messages), len(self.token_ids), self._rendered
+
+    def rollback(self, mark: tuple[int, int, str]) -> None:
+        """Forget every message and id added after `mark` (only messages we wrote, no reply)."""
+        n_messages, n_ids, rendered = mark
+        assert sum(self.loss_mask[n_ids:]) == 0 and len(self.rewards) == sum(
+            1 for m in self.messages[:n_messages] if m["role"] == "assistant"), "rollback past a reply"
+        del self.messages[n_messages:]
+        for seq in (self.token_ids, self.loss_mask, self.logprobs, self.versions):
+            del seq[n_ids:]
+        self._rendered = rendered
+
     # ------------------------------------------------------------------ the model's reply
     def add_completion(self, completion: Completion, eos_token_ids: tuple[int, ...]) -> str:
         """Append the engine's ids verbatim (mask 1) and close the turn; return the reply text."""
@@ -70,11 +118,7 @@ class Conversation:
         self.messages.append({"role": "assistant", "content": content})
         full = self._render(add_generation_prompt=False)
         if not full.startswith(prefix + content):
-            raise ConfigError(
-                "the tokenizer's chat template is not prefix-preserving for assistant turns: "
-                "rendering a reply does not extend the rendered prompt; multi-turn training data "
-                "would be corrupted (use a template that renders turns 1..k as a prefix of 1..k+1)"
-            )
+            raise ConfigError(NOT_PREFIX_PRESERVING.format(where="an assistant reply does not extend its prompt"))
         closing = full[len(prefix) + len(content):]
         eos_text = self.tokenizer.decode(ids[-1:]) if ended else ""
         if ended and closing.startswith(eos_text):
@@ -99,11 +143,8 @@ class Conversation:
 
     def _delta(self, text: str) -> str:
         if not text.startswith(self._rendered):
-            raise ConfigError(
-                "the tokenizer's chat template is not prefix-preserving: rendering turns 1..k+1 "
-                "does not start with the rendering of turns 1..k; multi-turn training data would "
-                "be corrupted (use a template without history-dependent edits)"
-            )
+            where = f"after {len(self.messages) - 1} messages, adding a {self.messages[-1]['role']} message"
+            raise ConfigError(NOT_PREFIX_PRESERVING.format(where=where))
         return text[len(self._rendered):]
 
     def _generation_prompt_ids(self) -> list[int]:
@@ -121,3 +162,45 @@ class Conversation:
         self.loss_mask.extend([mask] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
         self.versions.extend([-1] * len(ids))
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """An episode's token limits; 0 turns a limit off."""
+
+    episode_tokens: int = 0  # most ids the policy generates in the whole episode
+    context: int = 0  # most ids in the sequence: the next prompt plus its reply must fit
+
+    def allowance(self, prompt_tokens: int, generated: int, max_new_tokens: int) -> tuple[int, str | None]:
+        """How many tokens the next reply may have, given the next prompt's length and the ids
+        generated so far; or (0, reason) when the episode must end."""
+        n = max_new_tokens
+        if self.episode_tokens:
+            left = self.episode_tokens - generated
+            if left <= 0:
+                return 0, "token_budget"
+            n = min(n, left)
+        if self.context:
+            room = self.context - prompt_tokens
+            if room <= 0:
+                return 0, "context"
+            n = min(n, room)
+        return n, None
+
+
+def check_chat_template(tokenizer, system_prompt: str | None = None, turns: int = 3,
+                        feedback: tuple[str, ...] = ("Wrong, try again.",)) -> None:
+    """Play the agent's conversation shape (system?, then user/assistant turns) through a
+    `Conversation`; raise a one-line ConfigError if the template is not prefix-preserving."""
+    conv = Conversation(tokenizer)
+    if system_prompt:
+        conv.add_message("system", system_prompt)
+    conv.add_message("user", "Instructions.\nObservation 0.")
+    eos = tokenizer.eos_token_id
+    for k in range(turns):
+        reply = tokenizer.encode(f"<answer>{k}</answer>", add_special_tokens=False) + [eos]
+        conv.add_completion(Completion(reply, [0.0] * len(reply), "stop"), (eos,))
+        conv.add_message("user", feedback[k % len(feedback)] if feedback else f"Observation {k + 1}.")
+    full = tokenizer.apply_chat_template(conv.messages, tokenize=False, add_generation_prompt=True)
+    if not full.startswith(conv._rendered):
+        raise ConfigError(NOT_PREFIX_PRESERVING.format(where="the generation prompt"))

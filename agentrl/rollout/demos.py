@@ -25,7 +25,7 @@ class ScriptedClient:
     `reply_entropy` sums the entropy of every reply drawn since the last `reset_entropy()`.
     """
 
-    def __init__(self, tokenizer, make_env: Callable[[], Any]) -> None:
+    def __init__(self, tokenizer, make_env: Callable[[], Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self._make_env = make_env
         self._envs: dict[asyncio.Task, Any] = {}
@@ -33,9 +33,16 @@ class ScriptedClient:
 
     def env_factory(self) -> Any:
         """A fresh env, remembered as the one the calling episode plays."""
-        env = self._make_env()
-        self._envs[asyncio.current_task()] = env
-        return env
+        return self.wrap(self._make_env)()
+
+    def wrap(self, make_env: Callable[[], Any]) -> Callable[[], Any]:
+        """An env factory like `make_env` whose envs this client answers for (one per tag)."""
+        def factory() -> Any:
+            env = make_env()
+            self._envs[asyncio.current_task()] = env
+            return env
+
+        return factory
 
     def reset_entropy(self) -> None:
         """Start a new entropy sum (and forget finished episodes)."""
@@ -58,14 +65,21 @@ def state_entropy(sample_action: Callable[[random.Random], str], n: int = 64) ->
     return math.log(len({sample_action(random.Random(k)) for k in range(n)}))
 
 
-def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, seed: int = 0) -> Iterator[str]:
-    """Text the env produces under random play (instructions, observations, replies)."""
+def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, seed: int = 0,
+           step: bool = True) -> Iterator[str]:
+    """Text the env produces under random play (instructions, observations, replies).
+
+    `step=False` reads only first observations and sampled replies, for envs whose `step`
+    does not take a reply string (the seeds' `step((qid, answers))`).
+    """
     async def play(k: int) -> list[str]:
         env = env_factory()
         rng = random.Random(seed * 7919 + k)
         try:
             obs, _ = await env.reset(seed=seed * 7919 + k)
-            lines = [f"user\n{env.instructions}\n{obs}", "assistant"]
+            lines = [f"user\n{getattr(env, 'instructions', '')}\n{obs}", "assistant"]
+            if not step:
+                return lines + [env.sample_action(rng)]
             for _ in range(max_turns):
                 action = env.sample_action(rng)
                 lines.append(action)

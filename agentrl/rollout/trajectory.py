@@ -8,12 +8,13 @@ from typing import Any
 
 @dataclass
 class Task:
-    """One episode to run: which env seed, which group, how to sample."""
+    """One episode to run: which named env (tag), which env seed, which group, how to sample."""
 
     env_seed: int
     group_id: int
     sampling_seed: int
     greedy: bool = False
+    tag: str = ""  # the env definition (custom_envs name) this episode plays; metrics go under it
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import inspect
 import json
 import os
 import random
@@ -16,20 +15,23 @@ import numpy as np
 import torch
 
 import agentrl.agents.chat  # noqa: F401  (importing the built-ins registers them)
+import agentrl.agents.math_retry  # noqa: F401
 import agentrl.algos.advantages  # noqa: F401
 import agentrl.envs.frozen_lake  # noqa: F401
+import agentrl.envs.math  # noqa: F401
 from agentrl.config import Config, save_config, to_dict
 from agentrl.errors import ConfigError, RegistryError
-from agentrl.llm.engine import SamplingParams
 from agentrl.llm.local import LocalEngine
 from agentrl.models.loading import DTYPES, load_pretrained, save_pretrained
-from agentrl.registry import AGENTS, ENVS, ESTIMATORS
+from agentrl.registry import ESTIMATORS
 from agentrl.rollout.collector import RolloutCollector, make_tasks
+from agentrl.runtime.envs import (agent_texts, check_templates, import_user_modules, is_seed_tag, make_budget,
+                                  make_env_factories, make_tag_specs)
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.trainer import Trainer
 
-WARM_START_VERSION = 5  # bump when the warm-start recipe changes, to invalidate cached models
+WARM_START_VERSION = 6  # bump when the warm-start recipe changes, to invalidate cached models
 DEMO_SEED_BASE = 2_000_000
 
 
@@ -49,27 +51,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_env_factory(cfg: Config) -> Callable[[], Any]:
-    """A zero-argument env constructor; checks the env type and its arguments right away."""
-    try:
-        cls = ENVS.get(cfg.env.type)
-    except RegistryError as e:
-        raise ConfigError(f"env.type: {e}") from None
-    params = inspect.signature(cls).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        unknown = [k for k in cfg.env.args if k not in params]
-        if unknown:
-            raise ConfigError(f"env.args.{unknown[0]} is not an argument of env type '{cfg.env.type}'; "
-                              f"accepted: {', '.join(params)}")
-    args = dict(cfg.env.args)
-
-    def factory():
-        return cls(**args)
-
-    factory().close()  # bad argument values fail now, not inside the first episode
-    return factory
-
-
 def check_estimator(cfg: Config) -> None:
     """algorithm.adv_estimator must name a registered estimator."""
     try:
@@ -78,21 +59,9 @@ def check_estimator(cfg: Config) -> None:
         raise ConfigError(f"algorithm.adv_estimator: {e}") from None
 
 
-def make_sampling(cfg: Config, tokenizer) -> SamplingParams:
-    """Training-time sampling parameters from the rollout config."""
-    r = cfg.rollout
-    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,))
-
-
-def make_agent(cfg: Config, tokenizer) -> Any:
-    """The configured agent."""
-    try:
-        cls = AGENTS.get(cfg.agent.type)
-    except RegistryError as e:
-        raise ConfigError(f"agent.type: {e}") from None
-    return cls(tokenizer=tokenizer, sampling=make_sampling(cfg, tokenizer), max_turns=cfg.env.max_turns,
-               system_prompt=cfg.agent.system_prompt)
+def model_context(model: Any) -> int:
+    """The longest sequence the model takes."""
+    return int(getattr(model.config, "max_position_embeddings", 4096))
 
 
 # ---------------------------------------------------------------------------- the model
@@ -104,39 +73,53 @@ def cache_root(cfg: Config) -> Path:
 
 def tiny_cache_key(cfg: Config) -> str:
     """Hash of everything the warm-started tiny model depends on."""
+    tags = list(cfg.env_definitions())
     parts = {"v": WARM_START_VERSION, "tiny": to_dict(cfg.model.tiny), "warm": to_dict(cfg.model.warm_start),
-             "env": to_dict(cfg.env), "agent": to_dict(cfg.agent), "seed": cfg.seed,
-             "max_new_tokens": cfg.rollout.max_new_tokens}
+             "envs": {t: to_dict(cfg.env_definitions()[t]) for t in tags},
+             "agents": {t: to_dict(cfg.agent_for(t)) for t in tags}, "plan": cfg.group_tags("train"),
+             "imports": cfg.imports, "seed": cfg.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
+             "budget": [cfg.rollout.max_episode_tokens, cfg.rollout.max_model_len]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_policy(cfg: Config, env_factory: Callable, log: Callable[[str], None]) -> tuple[Any, Any]:
+def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None]) -> tuple[Any, Any]:
     """(model, tokenizer): from model.path, or the cached / freshly warm-started tiny default."""
     if cfg.model.path:
         return load_pretrained(cfg.model.path, cfg.model.dtype)
     path = cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
     if not (path / "config.json").is_file():
         log(f"building the embedded tiny model (cached at {path})")
-        model, tokenizer = build_tiny(cfg, env_factory, log)
+        model, tokenizer = build_tiny(cfg, factories, log)
         save_pretrained(model, tokenizer, path)
     return load_pretrained(path, cfg.model.dtype)
 
 
-def build_tiny(cfg: Config, env_factory: Callable, log: Callable[[str], None]) -> tuple[Any, Any]:
-    """Train the tokenizer, build the tiny model and warm-start it on the env's format."""
+def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None]) -> tuple[Any, Any]:
+    """Train the tokenizer on every env of the run, build the tiny model and warm-start it on
+    demonstrations of every tag, in the proportions of the training batches."""
     from agentrl.models.tiny import build_model, build_tokenizer
     from agentrl.rollout.demos import ScriptedClient, corpus
     from agentrl.train.warm_start import warm_start
 
-    tokenizer = build_tokenizer(corpus(env_factory, max_turns=cfg.env.max_turns, seed=cfg.seed),
-                                cfg.model.tiny.vocab_size)
+    definitions = cfg.env_definitions()
+
+    def texts():
+        for tag, make_env in factories.items():
+            yield from corpus(make_env, max_turns=definitions[tag].max_turns, seed=cfg.seed,
+                              step=not is_seed_tag(cfg, tag))
+        yield from agent_texts(cfg)
+
+    tokenizer = build_tokenizer(texts(), cfg.model.tiny.vocab_size)
     model = build_model(cfg.model.tiny, tokenizer, seed=cfg.seed)
-    client = ScriptedClient(tokenizer, env_factory)
-    collector = RolloutCollector(client.env_factory, make_agent(cfg, tokenizer), client)
+    client = ScriptedClient(tokenizer)
+    budget = make_budget(cfg, model_context(model))
+    collector = RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget, wrap=client.wrap), client)
+    plan = cfg.group_tags("train")
     ws = cfg.model.warm_start
+    demo_tags = [plan[i * len(plan) // ws.batch_size] for i in range(ws.batch_size)]  # the batch's mix
 
     def demos(step: int):
-        tasks = make_tasks(cfg.seed, step, ws.batch_size, 1, seed_base=DEMO_SEED_BASE)
+        tasks = make_tasks(cfg.seed, step, ws.batch_size, 1, seed_base=DEMO_SEED_BASE, tags=demo_tags)
         client.reset_entropy()
         return collector.collect(tasks).trajectories, client.reply_entropy
 
@@ -147,20 +130,25 @@ def build_tiny(cfg: Config, env_factory: Callable, log: Callable[[str], None]) -
 
 # ---------------------------------------------------------------------------- the run
 def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print) -> Trainer:
-    """Build env factory, model, engine, agent, collector, actor and trainer from `cfg`."""
+    """Build env factories, model, engine, agents, collector, actor and trainer from `cfg`."""
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
     check_estimator(cfg)
-    env_factory = make_env_factory(cfg)
-    model, tokenizer = load_policy(cfg, env_factory, log)
+    import_user_modules(cfg)
+    factories = make_env_factories(cfg)
+    model, tokenizer = load_policy(cfg, factories, log)
+    check_templates(cfg, tokenizer)
+    budget = make_budget(cfg, model_context(model))
     model.to(device)
     seed_everything(cfg.seed)
     engine_model = copy.deepcopy(model).to(device=device, dtype=DTYPES[cfg.model.dtype])
     engine = LocalEngine(engine_model, eos_token_ids=(tokenizer.eos_token_id,),
                          pad_token_id=tokenizer.pad_token_id, max_num_seqs=cfg.rollout.max_num_seqs,
                          seed=cfg.seed)
-    collector = RolloutCollector(env_factory, make_agent(cfg, tokenizer), engine)
-    horizon = float(cfg.rollout.max_new_tokens * cfg.env.max_turns)  # most tokens an episode generates
+    collector = RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget), engine)
+    horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())  # most tokens an episode generates
+    if cfg.rollout.max_episode_tokens:
+        horizon = min(horizon, float(cfg.rollout.max_episode_tokens))
     actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature, horizon=horizon)
     # The reference exists only when a KL term needs it: it costs a model copy and a forward.
     needs_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -170,11 +158,19 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     if cfg.critic.enable:
         seed_everything(cfg.seed)
         critic = Critic(ValueModel(model).to(device), cfg.critic, horizon)
-    env = env_factory()
-    baselines = getattr(env, "eval_baselines", None)
-    env.close()
-    return Trainer(cfg, actor, engine, collector, tokenizer, run_dir, eval_baselines=baselines,
+    return Trainer(cfg, actor, engine, collector, tokenizer, run_dir, eval_baselines=eval_baselines(factories),
                    reference=reference, critic=critic)
+
+
+def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:
+    """{tag: env.eval_baselines} for the envs that offer reference policies."""
+    out = {}
+    for tag, make_env in factories.items():
+        env = make_env()
+        if callable(getattr(env, "eval_baselines", None)):
+            out[tag] = env.eval_baselines
+        env.close()
+    return out
 
 
 def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:

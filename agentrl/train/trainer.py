@@ -26,6 +26,7 @@ from agentrl.algos.losses import kl_penalty, masked_mean
 from agentrl.config import Config
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, RolloutCollector, make_tasks
+from agentrl.rollout.stats import by_tag, tag_metrics, truncation_metrics
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch, pack
@@ -42,7 +43,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, actor: Actor, engine: Any, collector: RolloutCollector,
                  tokenizer: Any, run_dir: Path,
-                 eval_baselines: Callable[[list[Trajectory]], dict[str, float]] | None = None,
+                 eval_baselines: dict[str, Callable[[list[Trajectory]], dict[str, float]]] | None = None,
                  reference: Any = None, critic: Any = None) -> None:
         self.cfg = cfg
         self.actor = actor
@@ -50,7 +51,9 @@ class Trainer:
         self.collector = collector
         self.tokenizer = tokenizer
         self.run_dir = Path(run_dir)
-        self.eval_baselines = eval_baselines
+        self.eval_baselines = eval_baselines or {}  # per tag: reference policies to compare with
+        self.train_tags = cfg.group_tags("train")  # the env definition of each group of a batch
+        self.val_tags = cfg.group_tags("val")
         self.reference = reference
         self.critic = critic
         self.kl_ctrl = KLController(cfg.algorithm.kl_ctrl)
@@ -73,6 +76,7 @@ class Trainer:
             if self.step_idx == 0:
                 before = self.evaluate()
                 self.summary["eval_success_before"] = before["eval/success"]
+                self.summary.update(self._per_tag_summary(before, "before"))
                 self.logger.log(0, before)
             while self.step_idx < self.cfg.trainer.total_steps:
                 self.step()
@@ -85,6 +89,7 @@ class Trainer:
             eval_success_after=after["eval/success"],
             eval_optimum=after.get("eval/optimal_success", float("nan")),
             **{k.replace("eval/", "eval_"): v for k, v in after.items() if k.startswith("eval/baseline_")},
+            **self._per_tag_summary(after, "after"),
             steps=self.step_idx,
             wall_seconds=round(time.perf_counter() - t0, 2),
         )
@@ -116,6 +121,7 @@ class Trainer:
             with self.timer.scope("sync"):
                 self.sync()
             metrics.update(rollout_metrics(result, batch))
+            metrics.update(tag_metrics(result.trajectories, "env"))
         metrics.update(self.engine.stats.pop())
         if self._due(self.cfg.trainer.test_freq):
             with self.timer.scope("evaluate"):
@@ -141,7 +147,8 @@ class Trainer:
         dropped_failed = dropped_equal = 0
         batches = max(1, fg.max_num_gen_batches) if fg.enable else 1
         for attempt in range(batches):
-            tasks = make_tasks(self.cfg.seed, self.step_idx + attempt * GEN_BATCH_STRIDE, n_groups, r.group_size)
+            tasks = make_tasks(self.cfg.seed, self.step_idx + attempt * GEN_BATCH_STRIDE, n_groups, r.group_size,
+                               tags=self.train_tags)
             # Group ids must stay distinct across generation batches: baselines are per group.
             tasks = [replace(t, group_id=t.group_id + attempt * n_groups) for t in tasks]
             result = self.collector.collect(tasks)
@@ -203,7 +210,8 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on held-out env seeds."""
         n = self.cfg.trainer.eval_episodes
-        tasks = make_tasks(self.cfg.seed, EVAL_STEP, n, 1, greedy=True, seed_base=EVAL_SEED_BASE)
+        tasks = make_tasks(self.cfg.seed, EVAL_STEP, n, 1, greedy=True, seed_base=EVAL_SEED_BASE,
+                           tags=self.val_tags)
         result = self.collector.collect(tasks)
         trajs = result.trajectories
         out = {
@@ -215,8 +223,13 @@ class Trainer:
         optimal = [t.info["optimal_success"] for t in trajs if "optimal_success" in t.info]
         if optimal:
             out["eval/optimal_success"] = _mean(optimal)
-        if self.eval_baselines is not None:
-            out.update({f"eval/baseline_{k}": v for k, v in self.eval_baselines(trajs).items()})
+        out.update(tag_metrics(trajs, "eval"))
+        groups = by_tag(trajs)
+        for tag, baselines in self.eval_baselines.items():
+            # One tag keeps the historical key eval/baseline_<name>; several tags log per tag.
+            where = "eval/" if len(set(self.val_tags)) == 1 else f"eval/{tag}/"
+            if groups.get(tag):
+                out.update({f"{where}baseline_{k}": v for k, v in baselines(groups[tag]).items()})
         self._write_samples(trajs[:2])
         return out
 
@@ -259,6 +272,20 @@ class Trainer:
         self.engine.policy_version = int(state["policy_version"])
         self.engine._seed_rng.setstate(state["engine_rng"])
 
+    def _per_tag_summary(self, evaluation: dict[str, float], when: str) -> dict[str, float]:
+        """eval_<tag>_success_<when> (and baselines) for runs that mix several tags."""
+        if len(set(self.val_tags)) < 2:
+            return {}
+        out = {}
+        for tag in dict.fromkeys(self.val_tags):
+            for key in ("success", "return"):
+                if f"eval/{tag}/{key}" in evaluation:
+                    out[f"eval_{tag}_{key}_{when}"] = evaluation[f"eval/{tag}/{key}"]
+            if when == "after":
+                out.update({f"eval_{tag}_{k[len(f'eval/{tag}/'):]}": v for k, v in evaluation.items()
+                            if k.startswith(f"eval/{tag}/baseline_")})
+        return out
+
     def _due(self, freq: int) -> bool:
         return freq > 0 and self.step_idx % freq == 0 and self.step_idx < self.cfg.trainer.total_steps
 
@@ -283,6 +310,7 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
         "rollout/episodes": float(len(trajs)),
         "rollout/errors": float(len(result.errors)),
         "rollout/dropped_groups": float(result.dropped_groups),
+        **truncation_metrics(trajs),
         "policy/logprob_diff_mean": float(masked_mean(diff, mask)),
         "policy/logprob_diff_max": float(diff.max()),
     }

@@ -33,7 +33,7 @@ def _on_board(observation):
 def test_demo_replies_follow_each_episodes_own_state(tiny_tokenizer):
     client = ScriptedClient(tiny_tokenizer, lambda: FrozenLakeEnv(map_name="4x4"))
     agent = ChatAgent(tiny_tokenizer, SamplingParams(max_new_tokens=8), max_turns=6)
-    collector = RolloutCollector(client.env_factory, agent, client)
+    collector = RolloutCollector.single(client.env_factory, agent, client)
     client.reset_entropy()
     trajs = collector.collect(make_tasks(0, 0, 12, 1)).trajectories  # 12 episodes at once
     assert len(trajs) == 12

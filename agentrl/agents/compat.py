@@ -1,0 +1,294 @@
+"""Seed-style agents (AReaL's legacy API) run unchanged by our collector and trainer.
+
+A seed-style agent is a class with
+
+    async def collect_trajectory(self, prompt, env, obs_queue, act_queue): ...
+
+registered with `register_agent`. Per turn it puts `(qid, token_ids, gconfig)` on `obs_queue`
+and reads the engine's answer, a `GenerationOutput` (AReaL's `BundledGenerationOutputs`: `seqs`,
+`output_ids`, `logprobs`, `no_eos`, `prompt_ids`, `prompt_len`, `seqlens`, `version_start`,
+`version_end`), from `act_queue`. It steps its env itself, the seeds' way:
+`await env.step((qid, answers))` returns `(obs, rewards, terminated, truncated, info)` with one
+reward per answer (the seeds' math env returns 1/0 success values). The env is registered with
+`register_env`; its `reset(seed=None, options=None)` must return the question text as the
+observation (AReaL took it from a dataset instead), and may put a `qid` in its info.
+
+`SeedAgentAdapter` is an ordinary agent of ours that runs such a class:
+1. it resets the env once with the task's seed and renders the question as the first user
+   message (after the env's `instructions`, if it has any): that is `prompt`, a `SeedPrompt`
+   with `ids=[qid]`, `bs=1` and `data["packed_prompts"]` (a list of ids, not a tensor);
+2. the agent's own `env.reset()` returns that same first observation without resetting again
+   (AReaL's math agent resets "just to make it like multi-step environments");
+3. each `(qid, token_ids, gconfig)` becomes one `llm.generate`; the trajectory is one growing
+   sequence, so turn k's `token_ids` must extend turn k-1's `seqs[0]` (append feedback to it,
+   as the seeds do): the ids in between get loss mask 0, the generated ones mask 1 and their
+   logprobs, exactly as the engine produced them;
+4. turn k's reward is the sum of the first rewards of the env steps taken after its
+   generation. `collect_trajectory` may return None, or a dict with any of `rewards` (one per
+   turn, replacing those), `success` (bool) and `info` (merged into the trajectory's info);
+   AReaL's own return value (a list of SequenceSample) does not exist here.
+`success` is otherwise the last step's `info["success"]`, else whether its reward was > 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agentrl.agents.chat import turn_sampling
+from agentrl.envs.base import Env
+from agentrl.errors import ConfigError, EnvError
+from agentrl.llm.conversation import Conversation, TokenBudget
+from agentrl.llm.engine import Completion, LLMClient, SamplingParams
+from agentrl.rollout.trajectory import Task, Trajectory
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """The generation settings a seed agent passes back with each request (AReaL's
+    GenerationHyperparameters); `min_new_tokens` is accepted and not enforced."""
+
+    n: int = 1
+    max_new_tokens: int = 16
+    min_new_tokens: int = 0
+    greedy: bool = False
+    top_p: float = 1.0
+    top_k: int = -1
+    temperature: float = 1.0
+
+    def new(self, **changes: Any) -> GenerationConfig:
+        """A copy with some fields changed (AReaL's `gconfig.new(n=1)`)."""
+        return replace(self, **changes)
+
+
+@dataclass
+class SeedPrompt:
+    """The task prompt of `collect_trajectory`: the parts of AReaL's SequenceSample agents read."""
+
+    qid: str
+    token_ids: list[int]
+    text: str
+
+    @property
+    def ids(self) -> list[str]:
+        return [self.qid]
+
+    @property
+    def bs(self) -> int:
+        return 1
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return ("packed_prompts",)
+
+    @property
+    def data(self) -> dict[str, list[int]]:
+        return {"packed_prompts": list(self.token_ids)}
+
+
+@dataclass
+class GenerationOutput:
+    """One generation, as `act_queue` delivers it (AReaL's BundledGenerationOutputs with n=1;
+    `logprobs` cover the output ids only)."""
+
+    qid: str
+    prompt_ids: list[int]
+    output_ids: list[list[int]]
+    seqs: list[list[int]]
+    logprobs: list[list[float]]
+    no_eos: list[bool]
+    version_start: list[int]
+    version_end: list[int]
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def seqlens(self) -> list[int]:
+        return [len(s) for s in self.seqs]
+
+
+def is_seed_agent(cls: Any) -> bool:
+    """Whether a registered agent class speaks the seeds' queue API rather than ours."""
+    return hasattr(cls, "collect_trajectory") and not hasattr(cls, "run_episode")
+
+
+@dataclass
+class _Record:
+    """The growing token-exact sequence of a seed-style episode."""
+
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    reward_positions: list[int] = field(default_factory=list)
+    states: list[str] = field(default_factory=list)
+    last_step: tuple[float, dict] | None = None
+
+    def add_turn(self, prompt: list[int], completion: Completion) -> None:
+        n = len(self.token_ids)
+        if prompt[:n] != self.token_ids:
+            raise EnvError(f"seed-style agent: turn {len(self.rewards)}'s token_ids do not extend the previous "
+                           "turn's act.seqs[0]; an episode is one growing sequence (append feedback to it)")
+        extra = prompt[n:]
+        self.token_ids += extra + list(completion.token_ids)
+        self.loss_mask += [0] * len(extra) + [1] * len(completion.token_ids)
+        self.logprobs += [0.0] * len(extra) + [float(x) for x in completion.logprobs]
+        versions = completion.versions or [completion.policy_version] * len(completion.token_ids)
+        self.versions += [-1] * len(extra) + list(versions)
+        self.reward_positions.append(len(self.token_ids) - 1)
+        self.rewards.append(0.0)
+        self.states.append(",".join(map(str, prompt)))  # the exact context the turn acted on
+
+
+class _EnvView:
+    """The env as the seed agent sees it: `reset` returns the first observation again, `step`
+    is the env's own, with its rewards recorded for the latest turn."""
+
+    def __init__(self, env: Env, first: tuple[Any, dict], record: _Record) -> None:
+        self._env, self._first, self._record = env, first, record
+
+    async def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        return self._first
+
+    async def step(self, action: Any) -> tuple:
+        out = await self._env.step(action)
+        if not self._record.rewards:
+            raise EnvError("seed-style agent stepped its env before generating anything")
+        rewards, info = out[1], (out[4] if len(out) > 4 and isinstance(out[4], dict) else {})
+        first = rewards[0] if isinstance(rewards, (list, tuple)) else rewards
+        self._record.rewards[-1] += float(first)
+        self._record.last_step = (float(first), info)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+
+class SeedAgentAdapter:
+    """Our agent contract around a seed-style agent: queues in, a token-exact Trajectory out."""
+
+    def __init__(self, agent: Any, tokenizer, sampling: SamplingParams, max_turns: int,
+                 system_prompt: str | None = None, budget: TokenBudget | None = None) -> None:
+        self.agent = agent
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.max_turns = max_turns
+        self.system_prompt = system_prompt
+        self.budget = budget or TokenBudget()
+
+    @classmethod
+    def from_class(cls, agent_cls: type, tokenizer, sampling: SamplingParams, max_turns: int,
+                   system_prompt: str | None = None, budget: TokenBudget | None = None,
+                   args: dict | None = None, where: str = "agent") -> SeedAgentAdapter:
+        """Build the user's class with the arguments its constructor names among `gconfig`,
+        `tokenizer`, `tokenizer_path`, `num_turns`, plus `args`."""
+        params = inspect.signature(agent_cls).parameters
+        offered = {"gconfig": gconfig_of(sampling), "tokenizer": tokenizer,
+                   "tokenizer_path": getattr(tokenizer, "name_or_path", None), "num_turns": max_turns}
+        kwargs = {k: v for k, v in offered.items() if k in params}
+        kwargs.update(args or {})
+        missing = [n for n, p in params.items() if p.default is p.empty and n not in kwargs
+                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if missing:
+            raise ConfigError(f"{where}: {agent_cls.__name__} needs argument '{missing[0]}'; set {where}.args."
+                              f"{missing[0]} (offered: {', '.join(offered)})")
+        return cls(agent_cls(**kwargs), tokenizer, sampling, max_turns, system_prompt, budget)
+
+    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
+        """Run the seed agent's `collect_trajectory`, serving its queue requests with `llm`."""
+        obs, reset_info = await env.reset(seed=task.env_seed)
+        if not isinstance(obs, str):
+            raise EnvError(f"seed-style env reset() must return the question text as its observation, got "
+                           f"{type(obs).__name__}")
+        conv = Conversation(self.tokenizer)
+        if self.system_prompt:
+            conv.add_message("system", self.system_prompt)
+        instructions = getattr(env, "instructions", "")
+        conv.add_message("user", f"{instructions}\n{obs}" if instructions else obs)
+        qid = str(reset_info.get("qid", task.env_seed))
+        record = _Record()
+        prompt = SeedPrompt(qid, conv.prompt_ids(), obs)
+        obs_queue: asyncio.Queue = asyncio.Queue()
+        act_queue: asyncio.Queue = asyncio.Queue()
+        runner = asyncio.ensure_future(self.agent.collect_trajectory(
+            prompt, _EnvView(env, (obs, reset_info), record), obs_queue, act_queue))
+        reason: str | None = None
+        try:
+            reason = await self._serve(task, llm, runner, obs_queue, act_queue, record)
+            result = runner.result() if reason is None else None
+        finally:
+            if not runner.done():
+                runner.cancel()
+                await asyncio.gather(runner, return_exceptions=True)
+        return self._trajectory(task, record, result, reason)
+
+    async def _serve(self, task: Task, llm: LLMClient, runner: asyncio.Future, obs_queue: asyncio.Queue,
+                     act_queue: asyncio.Queue, record: _Record) -> str | None:
+        """Answer the agent's requests until it returns (None) or a limit stops it (the reason)."""
+        while True:
+            request = asyncio.ensure_future(obs_queue.get())
+            await asyncio.wait({runner, request}, return_when=asyncio.FIRST_COMPLETED)
+            if runner.done():
+                request.cancel()
+                return None
+            qid, token_ids, gconfig = request.result()
+            turn = len(record.rewards)
+            if turn >= self.max_turns:
+                return "max_turns"
+            if getattr(gconfig, "n", 1) != 1:
+                raise EnvError(f"seed-style agent asked for gconfig.n={gconfig.n}; one answer per request is "
+                               "supported (run a group of episodes instead)")
+            token_ids = list(token_ids)
+            max_new, stop = self.budget.allowance(len(token_ids), sum(record.loss_mask),
+                                                  getattr(gconfig, "max_new_tokens", self.sampling.max_new_tokens))
+            if stop:
+                return stop
+            completion = await llm.generate(token_ids, self._sampling(gconfig, task, turn, max_new))
+            record.add_turn(token_ids, completion)
+            versions = completion.versions or [completion.policy_version]
+            await act_queue.put(GenerationOutput(
+                qid=qid, prompt_ids=token_ids, output_ids=[list(completion.token_ids)],
+                seqs=[token_ids + list(completion.token_ids)], logprobs=[list(completion.logprobs)],
+                no_eos=[completion.finish_reason != "stop"], version_start=[min(versions)],
+                version_end=[max(versions)]))
+
+    def _sampling(self, gconfig: Any, task: Task, turn: int, max_new: int) -> SamplingParams:
+        base = replace(self.sampling, temperature=getattr(gconfig, "temperature", self.sampling.temperature),
+                       top_p=getattr(gconfig, "top_p", self.sampling.top_p),
+                       top_k=getattr(gconfig, "top_k", self.sampling.top_k),
+                       greedy=bool(getattr(gconfig, "greedy", False)) or self.sampling.greedy)
+        return turn_sampling(base, task, turn, max_new)
+
+    def _trajectory(self, task: Task, record: _Record, result: Any, reason: str | None) -> Trajectory:
+        if not record.rewards:
+            raise EnvError("seed-style agent finished without asking for a single generation")
+        info: dict = {}
+        if isinstance(result, dict):
+            if "rewards" in result:
+                rewards = [float(r) for r in result["rewards"]]
+                if len(rewards) != len(record.rewards):
+                    raise EnvError(f"seed-style agent returned {len(rewards)} rewards for {len(record.rewards)} turns")
+                record.rewards = rewards
+            info.update(result.get("info") or {})
+        if isinstance(result, dict) and "success" in result:
+            success = bool(result["success"])
+        elif record.last_step is not None:
+            reward, step_info = record.last_step
+            success = bool(step_info["success"]) if "success" in step_info else reward > 0
+        else:
+            success = False
+        info.update(success=success, terminated=reason is None, truncated=reason is not None,
+                    truncation_reason=reason, turns=len(record.rewards))
+        return Trajectory(record.token_ids, record.loss_mask, record.logprobs, record.versions, record.rewards,
+                          record.reward_positions, task.group_id, task.env_seed, info, record.states)
+
+
+def gconfig_of(sampling: SamplingParams) -> GenerationConfig:
+    """The GenerationConfig a seed agent is built with, from the run's sampling settings."""
+    return GenerationConfig(max_new_tokens=sampling.max_new_tokens, greedy=sampling.greedy,
+                            top_p=sampling.top_p, top_k=sampling.top_k, temperature=sampling.temperature)

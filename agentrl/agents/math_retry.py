@@ -1,0 +1,105 @@
+"""The seeds' multi-turn math agent: answer, hear "wrong, try again", answer again.
+
+AReaL's `MathMultiTurnAgent`, on our agent contract. The question opens the conversation; the
+model answers; the env grades the answer. A right answer ends the episode; a wrong one is
+followed by the fixed feedback message, appended as ids tokenised once per agent (mask 0),
+and the model tries again, up to `max_turns` answers. Every generated id is kept verbatim
+(mask 1) by `Conversation`.
+
+Differences from AReaL, on purpose:
+1. The episode stops at the first right answer (AReaL plays every turn, congratulating the
+   model and asking again), so "success within k turns" is well defined.
+2. Turn k's reward is the env's reward times `turn_discount ** k`: a right answer on the first
+   try is worth more than one on the third. AReaL maps success to +-1 per turn and sums the
+   returns back with its `turn_level_discount`; here returns are the algorithm's job
+   (`algorithm.credit=turn`, `algorithm.gamma`), so the agent only discounts rewards.
+3. One growing sequence per episode (AReaL emits one sequence per turn).
+
+`info["metrics"]["success_at_k"]` (k = 1..max_turns) is 1 when a right answer came within k
+tries: averaged over episodes it is the success within k turns, rising with k.
+"""
+
+from __future__ import annotations
+
+from agentrl.agents.chat import turn_sampling
+from agentrl.envs.base import Env
+from agentrl.llm.conversation import Conversation, TokenBudget
+from agentrl.llm.engine import LLMClient, SamplingParams
+from agentrl.registry import register_agent
+from agentrl.rollout.trajectory import Task, Trajectory
+
+WRONG = "Unfortunately your answer is wrong. Let's try again."  # the seeds' wording
+CORRECT = "Congratulations! You are correct!"
+
+
+class MathRetryAgent:
+    """Up to `max_turns` answers to one question, with "wrong, try again" between them."""
+
+    def __init__(self, tokenizer, sampling: SamplingParams, max_turns: int,
+                 system_prompt: str | None = None, budget: TokenBudget | None = None,
+                 turn_discount: float = 1.0, wrong_feedback: str = WRONG) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if not 0.0 < turn_discount <= 1.0:
+            raise ValueError(f"turn_discount must be in (0, 1], got {turn_discount}")
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.max_turns = max_turns
+        self.system_prompt = system_prompt
+        self.budget = budget or TokenBudget()
+        self.turn_discount = float(turn_discount)
+        self.wrong_feedback = wrong_feedback
+        self.eos_token_ids = (tokenizer.eos_token_id,)
+        self._feedback: tuple[str, list[int]] | None = None  # (text, ids), tokenised on first use
+
+    @classmethod
+    def corpus_texts(cls, args: dict) -> list[str]:
+        """Fixed text this agent writes, for training the embedded model's tokenizer."""
+        return [args.get("wrong_feedback", WRONG), CORRECT]
+
+    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
+        """Ask the task's question until it is answered right or the tries run out."""
+        question, _ = await env.reset(seed=task.env_seed)
+        conv = Conversation(self.tokenizer)
+        if self.system_prompt:
+            conv.add_message("system", self.system_prompt)
+        conv.add_message("user", f"{env.instructions}\n{question}")
+        solved_at: int | None = None
+        reason: str | None = "max_turns"
+        info: dict = {"truncated_replies": 0, "invalid_actions": 0}
+        states, replies, fed_back = [], [], None
+        for turn in range(self.max_turns):
+            prompt = conv.prompt_ids()
+            max_new, stop = self.budget.allowance(len(prompt), conv.num_generated(), self.sampling.max_new_tokens)
+            if stop:
+                if fed_back is not None:
+                    conv.rollback(fed_back)  # no reply can follow this feedback
+                reason = stop
+                break
+            states.append("\n".join([question, *replies]))  # the question and the tries so far
+            completion = await llm.generate(prompt, turn_sampling(self.sampling, task, turn, max_new))
+            reply = conv.add_completion(completion, self.eos_token_ids)
+            if completion.finish_reason != "stop":
+                info["truncated_replies"] += 1
+                reply = ""
+            replies.append(reply)
+            _, reward, _, _, step_info = await env.step(reply)
+            conv.set_turn_reward(reward * self.turn_discount ** turn)
+            info["invalid_actions"] += int(not step_info.get("action_valid", True))
+            if step_info.get("success"):
+                solved_at, reason = turn, None
+                break
+            if turn + 1 < self.max_turns:
+                fed_back = conv.mark()
+                if self._feedback is None:
+                    self._feedback = conv.prepare("user", self.wrong_feedback)
+                conv.add_prepared("user", self.wrong_feedback, self._feedback)
+        info.update(success=solved_at is not None, terminated=solved_at is not None,
+                    truncated=solved_at is None, truncation_reason=reason, turns=len(conv.rewards),
+                    metrics={f"success_at_{k}": float(solved_at is not None and solved_at < k)
+                             for k in range(1, self.max_turns + 1)})
+        return Trajectory(conv.token_ids, conv.loss_mask, conv.logprobs, conv.versions, conv.rewards,
+                          conv.reward_positions, task.group_id, task.env_seed, info, states)
+
+
+register_agent("math_retry", MathRetryAgent)

@@ -1,0 +1,199 @@
+"""Math as a text env: one question, one answer, graded by math-verify.
+
+## Description
+A question, and a reward for answering it right. The questions are synthetic arithmetic
+(`dataset_path` null: difficulty set by operand size and operation count) or the
+`question`/`answer` rows of the user's JSONL or Parquet file, read with Hugging Face
+`datasets`. Whether an answer is right is decided by the `math-verify` library, so `0.5`,
+`1/2` and `\\boxed{\\frac{1}{2}}` all equal a reference `1/2`.
+
+## Action format
+The content of the reply's last `<answer>...</answer>` (or of an unclosed `<answer>` tail, or
+else the whole reply) goes to math-verify, which finds the final expression in it: a number,
+a fraction, `\\boxed{...}`, LaTeX. A reply in which it finds nothing is invalid.
+
+## Observation format
+The question, e.g. `What is 3 + 4?`; after a step, `Correct.` or `Wrong.` (never the answer).
+
+## Starting state
+`reset(seed)` picks the question: a synthetic problem drawn from `random.Random(seed)`, or row
+`seed % len(rows)` of the file. The same seed gives the same question.
+
+## Rewards
+`correct_reward` for a right answer, `wrong_reward` for a wrong one, `format_penalty` when no
+answer can be found. Grading runs in a worker process off the event loop (see
+`math_grader.py`); an answer not graded within `timeout` seconds (a pathological expression) is
+wrong, and `info["metrics"]["grader_timeout"]` records it.
+
+## Episode end
+Every step ends the episode (terminated; `info["success"]` says whether the answer was right).
+The env keeps its question until the next reset, so `step` may be called again to grade
+another answer to the same question: that is how the retry agent (`agents/math_retry.py`)
+gives the model further tries, like the seeds' single-step math env.
+
+## Arguments
+`dataset_path` (JSONL/Parquet file, or null for synthetic), `question_key`, `answer_key`;
+synthetic: `min_operand`, `max_operand` (operand size), `num_ops` (operations per problem),
+`ops` (a string of operators among `+`, `-`, `*`, evaluated with the usual precedence);
+`correct_reward`, `wrong_reward`, `format_penalty`, `timeout`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from agentrl.envs.math_grader import shared_grader
+from agentrl.envs.text import answer_content
+from agentrl.errors import ConfigError, EnvError
+from agentrl.registry import register_env
+
+FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+OPERATORS = "+-*"
+
+
+def arithmetic_problem(rng: random.Random, min_operand: int, max_operand: int, num_ops: int,
+                       ops: str) -> tuple[str, str]:
+    """A random problem `What is a + b * c?` and its integer answer (usual precedence)."""
+    operands = [rng.randint(min_operand, max_operand) for _ in range(num_ops + 1)]
+    operators = [rng.choice(ops) for _ in range(num_ops)]
+    text = " ".join(f"{x} {op}" for x, op in zip(operands, operators)) + f" {operands[-1]}"
+    return f"What is {text}?", str(evaluate(operands, operators))
+
+
+def evaluate(operands: list[int], operators: list[str]) -> int:
+    """The value of `operands[0] op operands[1] op ...`, multiplication first."""
+    terms, signs = [operands[0]], [1]
+    for op, x in zip(operators, operands[1:]):
+        if op == "*":
+            terms[-1] *= x
+        else:
+            terms.append(x)
+            signs.append(1 if op == "+" else -1)
+    return sum(s * t for s, t in zip(signs, terms))
+
+
+def load_problems(path: str, question_key: str = "question", answer_key: str = "answer") -> list[tuple[str, str]]:
+    """(question, answer) rows of a JSONL or Parquet file, read with Hugging Face `datasets`."""
+    p = Path(path).expanduser().resolve()
+    if not p.is_file():
+        raise ConfigError(f"math: dataset_path={path!r}: no such file")
+    if p.suffix.lower() not in FORMATS:
+        raise ConfigError(f"math: dataset_path={path!r} must end in {', '.join(FORMATS)}")
+    return list(_load(str(p), p.stat().st_mtime_ns, question_key, answer_key))
+
+
+@lru_cache(maxsize=8)  # every episode builds an env: read each file once per process
+def _load(path: str, mtime: int, question_key: str, answer_key: str) -> tuple[tuple[str, str], ...]:
+    import datasets
+
+    datasets.disable_progress_bars()  # errors below must stay one line on stderr
+    datasets.logging.set_verbosity_error()
+    try:
+        ds = datasets.load_dataset(FORMATS[Path(path).suffix.lower()], data_files=path, split="train")
+    except Exception as e:  # malformed files raise many types; the first line says which row
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"math: could not read dataset_path={path!r}: {first}") from None
+    for role, key in (("question", question_key), ("answer", answer_key)):
+        if key not in ds.column_names:
+            raise ConfigError(f"math: dataset {path!r} has no '{key}' column (its columns: "
+                              f"{', '.join(ds.column_names)}); set args.{role}_key to the {role} column")
+    if len(ds) == 0:
+        raise ConfigError(f"math: dataset {path!r} has no rows")
+    return tuple((str(q), str(a)) for q, a in zip(ds[question_key], ds[answer_key]))
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+class MathEnv:
+    """One question per episode; each step grades one answer with math-verify."""
+
+    def __init__(
+        self,
+        dataset_path: str | None = None,
+        question_key: str = "question",
+        answer_key: str = "answer",
+        min_operand: int = 0,
+        max_operand: int = 9,
+        num_ops: int = 1,
+        ops: str = "+",
+        correct_reward: float = 1.0,
+        wrong_reward: float = 0.0,
+        format_penalty: float = -0.1,
+        timeout: float = 5.0,
+    ) -> None:
+        ints = dict(min_operand=min_operand, max_operand=max_operand, num_ops=num_ops)
+        for name, value in ints.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"math: {name}={value!r} must be an integer >= 0")
+        if max_operand < min_operand or num_ops < 1:
+            raise ConfigError(f"math: need min_operand <= max_operand and num_ops >= 1, got "
+                              f"{min_operand}..{max_operand}, num_ops={num_ops}")
+        if not isinstance(ops, str) or not ops or set(ops) - set(OPERATORS):
+            raise ConfigError(f"math: ops={ops!r} must be a non-empty string of operators from {OPERATORS!r}")
+        for name, value in dict(correct_reward=correct_reward, wrong_reward=wrong_reward,
+                                format_penalty=format_penalty).items():
+            if not _number(value):
+                raise ConfigError(f"math: {name}={value!r} must be a finite number")
+        if not _number(timeout) or timeout <= 0:
+            raise ConfigError(f"math: timeout={timeout!r} must be a number of seconds > 0")
+        self.rows = load_problems(dataset_path, question_key, answer_key) if dataset_path else None
+        self.min_operand, self.max_operand, self.num_ops, self.ops = min_operand, max_operand, num_ops, ops
+        self.correct_reward, self.wrong_reward = float(correct_reward), float(wrong_reward)
+        self.format_penalty, self.timeout = float(format_penalty), float(timeout)
+        self.instructions = "Solve the problem. Answer with the final result only, as <answer>result</answer>."
+        self._rng = random.Random()
+        self.question: str | None = None
+        self.answer: str | None = None
+
+    def _problem(self, seed: int) -> tuple[str, str]:
+        if self.rows is not None:
+            return self.rows[seed % len(self.rows)]
+        return arithmetic_problem(random.Random(seed), self.min_operand, self.max_operand, self.num_ops, self.ops)
+
+    async def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        """Pick the question of `seed` (a random one without a seed)."""
+        if seed is None:
+            seed = self._rng.randrange(2**31)
+        self.question, self.answer = self._problem(seed)
+        return self.question, {"question_seed": seed}
+
+    async def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Grade `action` as an answer to the current question; always ends the episode."""
+        if self.answer is None:
+            raise EnvError("math: step() before reset(); call reset() first")
+        reply = action if isinstance(action, str) else ""
+        grade = await shared_grader().grade(self.answer, answer_content(reply), self.timeout)
+        reward = self.correct_reward if grade.correct else (self.wrong_reward if grade.parsed else self.format_penalty)
+        info = {"success": grade.correct, "action_valid": grade.parsed,
+                "metrics": {"grader_timeout": float(grade.timed_out)}}
+        return ("Correct." if grade.correct else "Wrong."), reward, True, False, info
+
+    def sample_action(self, rng: random.Random) -> str:
+        """A well-formed reply with a random answer: one of the file's answers, or a uniformly
+        random integer in the range the synthetic problems' answers span."""
+        if self.rows is not None:
+            return f"<answer>{rng.choice(self.rows)[1]}</answer>"
+        lo, hi = self.answer_range()
+        return f"<answer>{rng.randint(lo, hi)}</answer>"
+
+    def answer_range(self) -> tuple[int, int]:
+        """Smallest and largest answer of the synthetic problems (exact for sums and
+        differences, sampled over 512 problems when products are involved)."""
+        if "*" in self.ops:
+            values = [int(self._problem(k)[1]) for k in range(512)]
+            return min(values), max(values)
+        low = min(self.min_operand if op == "+" else -self.max_operand for op in self.ops)
+        high = max(self.max_operand if op == "+" else -self.min_operand for op in self.ops)
+        return self.min_operand + self.num_ops * low, self.max_operand + self.num_ops * high
+
+    def close(self) -> None:
+        """Nothing to release: the grader is shared by every math env and stopped at exit."""
+
+
+register_env("math", MathEnv)

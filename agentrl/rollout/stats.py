@@ -1,0 +1,68 @@
+"""Summaries of a set of trajectories: per env tag, and why episodes were cut short.
+
+Training rollouts log under `env/<tag>/`, evaluation under `eval/<tag>/`: success, return,
+turns, the fraction truncated, and the mean of every numeric `info["metrics"]` entry the
+episodes reported (e.g. math_retry's `success_at_k`). Across tags, `rollout/truncated_<reason>`
+is the fraction of episodes that ended for each truncation reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agentrl.rollout.trajectory import Trajectory
+
+# Why an episode ended without the env terminating it: the env's own limit, the agent's turn
+# limit, the context limit, or the per-episode token budget (agents record it in info).
+TRUNCATION_REASONS = ("env", "max_turns", "context", "token_budget")
+
+
+def _mean(xs: list[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+def _numeric(value: object) -> bool:
+    return isinstance(value, (int, float))  # bool is an int: a flag averages to a rate
+
+
+def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
+    """Means over `trajs`: success, return, turns, truncated, and each numeric info["metrics"] key."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for t in trajs:
+        for key, value in (t.info.get("metrics") or {}).items():
+            if _numeric(value):
+                sums[key] = sums.get(key, 0.0) + float(value)
+                counts[key] = counts.get(key, 0) + 1
+    out = {key: sums[key] / counts[key] for key in sums}
+    out.update({
+        "success": _mean([float(bool(t.info.get("success", False))) for t in trajs]),
+        "return": _mean([t.total_reward for t in trajs]),
+        "turns": _mean([float(t.num_turns) for t in trajs]),
+        "truncated": _mean([float(bool(t.info.get("truncated", False))) for t in trajs]),
+        "episodes": float(len(trajs)),
+    })
+    optimal = [float(t.info["optimal_success"]) for t in trajs if "optimal_success" in t.info]
+    if optimal:
+        out["optimal_success"] = _mean(optimal)
+    return out
+
+
+def by_tag(trajs: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:
+    """Trajectories grouped by their tag, in order of first appearance."""
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        groups.setdefault(str(t.info.get("tag", "")), []).append(t)
+    return groups
+
+
+def tag_metrics(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
+    """`episode_stats` of each tag's trajectories, keyed `<prefix>/<tag>/<stat>`."""
+    return {f"{prefix}/{tag}/{key}": value
+            for tag, group in by_tag(trajs).items() for key, value in episode_stats(group).items()}
+
+
+def truncation_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """`rollout/truncated_<reason>`: the fraction of episodes that ended for each reason."""
+    reasons = [t.info.get("truncation_reason") for t in trajs]
+    return {f"rollout/truncated_{r}": _mean([float(x == r) for x in reasons]) for r in TRUNCATION_REASONS}

@@ -1,0 +1,161 @@
+"""Each tag's env factory and agent, built and checked from the config before any work starts.
+
+A run's env definitions are `cfg.env_definitions()`: the `custom_envs` sections, or the one
+`env` section under its type's name. For every tag this module checks the env type and its
+arguments (building one env, so a bad value or a dataset file without a `question` column
+fails now, in one line), builds the agent that plays it (a seed-style agent is wrapped in
+`SeedAgentAdapter`), and checks that the tokenizer's chat template is prefix-preserving for the
+conversations those agents build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.agents.compat import SeedAgentAdapter, is_seed_agent
+from agentrl.config import Config
+from agentrl.errors import ConfigError, RegistryError
+from agentrl.llm.conversation import TokenBudget, check_chat_template
+from agentrl.llm.engine import SamplingParams
+from agentrl.registry import AGENTS, ENVS
+from agentrl.rollout.collector import TagSpec
+
+
+def import_user_modules(cfg: Config) -> None:
+    """Import `cfg.imports` (module names or .py paths), once per process."""
+    for name in cfg.imports:
+        try:
+            if name.endswith(".py"):
+                path = Path(name).expanduser().resolve()
+                if not path.is_file():
+                    raise FileNotFoundError(f"no such file {path}")
+                module = f"agentrl_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+                if module not in sys.modules:
+                    spec = importlib.util.spec_from_file_location(module, path)
+                    sys.modules[module] = mod = importlib.util.module_from_spec(spec)
+                    try:
+                        spec.loader.exec_module(mod)
+                    except BaseException:
+                        del sys.modules[module]
+                        raise
+            else:
+                importlib.import_module(name)
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ConfigError(f"imports: could not import {name!r}: {type(e).__name__}: {first}") from None
+
+
+def where(cfg: Config, tag: str) -> str:
+    """The config section that defines `tag`, for error messages."""
+    return f"custom_envs.{tag}" if cfg.custom_envs else "env"
+
+
+def make_env_factories(cfg: Config) -> dict[str, Callable[[], Any]]:
+    """{tag: zero-argument env constructor}; checks types and arguments by building one of each."""
+    return {tag: _env_factory(definition.type, definition.args, where(cfg, tag))
+            for tag, definition in cfg.env_definitions().items()}
+
+
+def _env_factory(env_type: str, env_args: dict, section: str) -> Callable[[], Any]:
+    try:
+        cls = ENVS.get(env_type)
+    except RegistryError as e:
+        raise ConfigError(f"{section}.type: {e}") from None
+    params = inspect.signature(cls).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = [k for k in env_args if k not in params]
+        if unknown:
+            raise ConfigError(f"{section}.args.{unknown[0]} is not an argument of env type '{env_type}'; "
+                              f"accepted: {', '.join(params)}")
+    args = dict(env_args)
+
+    def factory():
+        return cls(**args)
+
+    factory().close()  # bad argument values fail now, not inside the first episode
+    return factory
+
+
+def make_sampling(cfg: Config, tokenizer) -> SamplingParams:
+    """Training-time sampling parameters from the rollout config."""
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,))
+
+
+def make_budget(cfg: Config, model_context: int) -> TokenBudget:
+    """The episode limits: rollout.max_episode_tokens, and the context (rollout.max_model_len or
+    the model's own)."""
+    context = cfg.rollout.max_model_len or model_context
+    if context > model_context:
+        raise ConfigError(f"rollout.max_model_len={context} exceeds the model's context of {model_context} "
+                          "tokens (max_position_embeddings)")
+    return TokenBudget(episode_tokens=cfg.rollout.max_episode_tokens, context=context)
+
+
+def make_agent(cfg: Config, tag: str, tokenizer, budget: TokenBudget | None = None) -> Any:
+    """The agent that plays `tag`: the env's own agent section, else the top-level one."""
+    definition = cfg.env_definitions()[tag]
+    section = f"custom_envs.{tag}.agent" if definition.agent is not None else "agent"
+    agent_cfg = cfg.agent_for(tag)
+    try:
+        cls = AGENTS.get(agent_cfg.type)
+    except RegistryError as e:
+        raise ConfigError(f"{section}.type: {e}") from None
+    sampling = make_sampling(cfg, tokenizer)
+    if is_seed_agent(cls):
+        return SeedAgentAdapter.from_class(cls, tokenizer, sampling, definition.max_turns, agent_cfg.system_prompt,
+                                           budget, agent_cfg.args, section)
+    params = inspect.signature(cls).parameters
+    open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unknown = [k for k in agent_cfg.args if k not in params and not open_kwargs]
+    if unknown:
+        raise ConfigError(f"{section}.args.{unknown[0]} is not an argument of agent type '{agent_cfg.type}'; "
+                          f"accepted: {', '.join(params)}")
+    kwargs = dict(tokenizer=tokenizer, sampling=sampling, max_turns=definition.max_turns,
+                  system_prompt=agent_cfg.system_prompt)
+    if budget is not None and ("budget" in params or open_kwargs):  # agents written before budgets still work
+        kwargs["budget"] = budget
+    try:
+        return cls(**kwargs, **agent_cfg.args)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{section}: {e}") from None
+
+
+def make_tag_specs(cfg: Config, tokenizer, factories: dict[str, Callable[[], Any]],
+                   budget: TokenBudget | None = None,
+                   wrap: Callable[[Callable], Callable] = lambda f: f) -> dict[str, TagSpec]:
+    """{tag: TagSpec(env factory, agent)} for the collector; `wrap` decorates each env factory."""
+    return {tag: TagSpec(wrap(factories[tag]), make_agent(cfg, tag, tokenizer, budget)) for tag in factories}
+
+
+def check_templates(cfg: Config, tokenizer) -> None:
+    """Fail now if the chat template is not prefix-preserving for any agent's conversation."""
+    for prompt in dict.fromkeys(cfg.agent_for(tag).system_prompt for tag in cfg.env_definitions()):
+        check_chat_template(tokenizer, prompt)
+
+
+def agent_texts(cfg: Config) -> list[str]:
+    """Fixed text the run's agents write (system prompts, feedback), for the tiny tokenizer."""
+    texts = []
+    for tag in cfg.env_definitions():
+        agent_cfg = cfg.agent_for(tag)
+        if agent_cfg.system_prompt:
+            texts.append(f"system\n{agent_cfg.system_prompt}")
+        cls = AGENTS.get(agent_cfg.type) if agent_cfg.type in AGENTS else None
+        if cls is not None and hasattr(cls, "corpus_texts"):
+            texts.extend(f"user\n{t}" for t in cls.corpus_texts(agent_cfg.args))
+    return texts
+
+
+def is_seed_tag(cfg: Config, tag: str) -> bool:
+    """Whether `tag` is played by a seed-style agent (its env steps take (qid, answers))."""
+    name = cfg.agent_for(tag).type
+    return name in AGENTS and is_seed_agent(AGENTS.get(name))
