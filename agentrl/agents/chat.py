@@ -67,6 +67,8 @@ class ChatAgent:
                 break
             observed = conv.mark()
             conv.add_message("user", obs)
+        if self.budget.context:
+            conv.trim(self.budget.context)  # a reply that filled the context still gets its closing
         info["success"] = bool(info.get("success", False))
         info["terminated"], info["truncated"] = bool(terminated), not terminated
         info["truncation_reason"] = reason

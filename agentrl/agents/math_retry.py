@@ -16,7 +16,8 @@ Differences from AReaL, on purpose:
 3. One growing sequence per episode (AReaL emits one sequence per turn).
 
 `info["metrics"]["success_at_k"]` (k = 1..max_turns) is 1 when a right answer came within k
-tries: averaged over episodes it is the success within k turns, rising with k.
+tries: averaged over episodes it is the success within k turns, rising with k. The env's own
+per-step metrics (the math env's `grader_timeout`) are averaged over the tries.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class MathRetryAgent:
         solved_at: int | None = None
         reason: str | None = "max_turns"
         info: dict = {"truncated_replies": 0, "invalid_actions": 0}
-        states, replies, fed_back = [], [], None
+        states, replies, fed_back, env_metrics = [], [], None, []
         for turn in range(self.max_turns):
             prompt = conv.prompt_ids()
             max_new, stop = self.budget.allowance(len(prompt), conv.num_generated(), self.sampling.max_new_tokens)
@@ -84,6 +85,7 @@ class MathRetryAgent:
                 reply = ""
             replies.append(reply)
             _, reward, _, _, step_info = await env.step(reply)
+            env_metrics.append(step_info.get("metrics") or {})
             conv.set_turn_reward(reward * self.turn_discount ** turn)
             info["invalid_actions"] += int(not step_info.get("action_valid", True))
             if step_info.get("success"):
@@ -94,12 +96,21 @@ class MathRetryAgent:
                 if self._feedback is None:
                     self._feedback = conv.prepare("user", self.wrong_feedback)
                 conv.add_prepared("user", self.wrong_feedback, self._feedback)
+        if self.budget.context:
+            conv.trim(self.budget.context)  # a reply that filled the context still gets its closing
         info.update(success=solved_at is not None, terminated=solved_at is not None,
                     truncated=solved_at is None, truncation_reason=reason, turns=len(conv.rewards),
-                    metrics={f"success_at_{k}": float(solved_at is not None and solved_at < k)
-                             for k in range(1, self.max_turns + 1)})
+                    metrics={**_mean_per_key(env_metrics),
+                             **{f"success_at_{k}": float(solved_at is not None and solved_at < k)
+                                for k in range(1, self.max_turns + 1)}})
         return Trajectory(conv.token_ids, conv.loss_mask, conv.logprobs, conv.versions, conv.rewards,
                           conv.reward_positions, task.group_id, task.env_seed, info, states)
+
+
+def _mean_per_key(rows: list[dict]) -> dict[str, float]:
+    """The env's numeric per-step metrics, averaged over the tries (e.g. grader_timeout)."""
+    keys = {k for row in rows for k, v in row.items() if isinstance(v, (int, float))}
+    return {k: sum(float(r[k]) for r in rows if k in r) / sum(1 for r in rows if k in r) for k in keys}
 
 
 register_agent("math_retry", MathRetryAgent)

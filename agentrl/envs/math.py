@@ -8,9 +8,11 @@ A question, and a reward for answering it right. The questions are synthetic ari
 `1/2` and `\\boxed{\\frac{1}{2}}` all equal a reference `1/2`.
 
 ## Action format
-The content of the reply's last `<answer>...</answer>` (or of an unclosed `<answer>` tail, or
-else the whole reply) goes to math-verify, which finds the final expression in it: a number,
-a fraction, `\\boxed{...}`, LaTeX. A reply in which it finds nothing is invalid.
+The content of the reply's last `<answer>...</answer>` (or of an unclosed `<answer>` tail) is
+read as one expression, LaTeX delimiters optional (`x + 1`, `\\frac{1}{2}`, `0.5`); a reply
+without an answer tag is free text in which math-verify finds the final answer (a number,
+`\\boxed{...}`, `$...$`). The reference answer is always read as one expression. A reply in
+which nothing can be read is invalid.
 
 ## Observation format
 The question, e.g. `What is 3 + 4?`; after a step, `Correct.` or `Wrong.` (never the answer).
@@ -168,7 +170,8 @@ class MathEnv:
         if self.answer is None:
             raise EnvError("math: step() before reset(); call reset() first")
         reply = action if isinstance(action, str) else ""
-        grade = await shared_grader().grade(self.answer, answer_content(reply), self.timeout)
+        content = answer_content(reply)
+        grade = await shared_grader().grade(self.answer, content, self.timeout, expression=content != reply)
         reward = self.correct_reward if grade.correct else (self.wrong_reward if grade.parsed else self.format_penalty)
         info = {"success": grade.correct, "action_valid": grade.parsed,
                 "metrics": {"grader_timeout": float(grade.timed_out)}}

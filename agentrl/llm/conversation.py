@@ -84,6 +84,15 @@ class Conversation:
         probe.add_message(role, content)
         return probe._rendered[len(self._rendered):], probe.token_ids
 
+    def trim(self, length: int) -> None:
+        """Drop ids past `length` when they are only template text after the last reply (the
+        closing of a reply cut off by the context limit): they carry no loss and no reward."""
+        if len(self.token_ids) <= length:
+            return
+        assert sum(self.loss_mask[length:]) == 0, "trim would drop generated ids"
+        for seq in (self.token_ids, self.loss_mask, self.logprobs, self.versions):
+            del seq[length:]
+
     def mark(self) -> tuple[int, int, str]:
         """A point to `rollback` to (messages, ids, rendering)."""
         return len(self.messages), len(self.token_ids), self._rendered

@@ -100,29 +100,43 @@ def make_budget(cfg: Config, model_context: int) -> TokenBudget:
     return TokenBudget(episode_tokens=cfg.rollout.max_episode_tokens, context=context)
 
 
-def make_agent(cfg: Config, tag: str, tokenizer, budget: TokenBudget | None = None) -> Any:
-    """The agent that plays `tag`: the env's own agent section, else the top-level one."""
-    definition = cfg.env_definitions()[tag]
-    section = f"custom_envs.{tag}.agent" if definition.agent is not None else "agent"
+def agent_class(cfg: Config, tag: str) -> tuple[type, str]:
+    """The registered agent class that plays `tag`, and the config section that names it;
+    its args are checked against its constructor (seed-style classes take theirs as they are)."""
+    section = f"custom_envs.{tag}.agent" if cfg.env_definitions()[tag].agent is not None else "agent"
     agent_cfg = cfg.agent_for(tag)
     try:
         cls = AGENTS.get(agent_cfg.type)
     except RegistryError as e:
         raise ConfigError(f"{section}.type: {e}") from None
+    params = inspect.signature(cls).parameters
+    if not is_seed_agent(cls) and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = [k for k in agent_cfg.args if k not in params]
+        if unknown:
+            raise ConfigError(f"{section}.args.{unknown[0]} is not an argument of agent type '{agent_cfg.type}'; "
+                              f"accepted: {', '.join(params)}")
+    return cls, section
+
+
+def check_agents(cfg: Config) -> None:
+    """Fail now on an unknown agent type or argument of any tag."""
+    for tag in cfg.env_definitions():
+        agent_class(cfg, tag)
+
+
+def make_agent(cfg: Config, tag: str, tokenizer, budget: TokenBudget | None = None) -> Any:
+    """The agent that plays `tag`: the env's own agent section, else the top-level one."""
+    cls, section = agent_class(cfg, tag)
+    definition, agent_cfg = cfg.env_definitions()[tag], cfg.agent_for(tag)
     sampling = make_sampling(cfg, tokenizer)
     if is_seed_agent(cls):
         return SeedAgentAdapter.from_class(cls, tokenizer, sampling, definition.max_turns, agent_cfg.system_prompt,
                                            budget, agent_cfg.args, section)
     params = inspect.signature(cls).parameters
-    open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    unknown = [k for k in agent_cfg.args if k not in params and not open_kwargs]
-    if unknown:
-        raise ConfigError(f"{section}.args.{unknown[0]} is not an argument of agent type '{agent_cfg.type}'; "
-                          f"accepted: {', '.join(params)}")
     kwargs = dict(tokenizer=tokenizer, sampling=sampling, max_turns=definition.max_turns,
                   system_prompt=agent_cfg.system_prompt)
-    if budget is not None and ("budget" in params or open_kwargs):  # agents written before budgets still work
-        kwargs["budget"] = budget
+    if budget is not None and ("budget" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())):
+        kwargs["budget"] = budget  # agents written before budgets existed still work
     try:
         return cls(**kwargs, **agent_cfg.args)
     except (TypeError, ValueError) as e:

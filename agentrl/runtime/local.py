@@ -25,8 +25,8 @@ from agentrl.llm.local import LocalEngine
 from agentrl.models.loading import DTYPES, load_pretrained, save_pretrained
 from agentrl.registry import ESTIMATORS
 from agentrl.rollout.collector import RolloutCollector, make_tasks
-from agentrl.runtime.envs import (agent_texts, check_templates, import_user_modules, is_seed_tag, make_budget,
-                                  make_env_factories, make_tag_specs)
+from agentrl.runtime.envs import (agent_texts, check_agents, check_templates, import_user_modules, is_seed_tag,
+                                  make_budget, make_env_factories, make_tag_specs)
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.trainer import Trainer
@@ -136,6 +136,7 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     check_estimator(cfg)
     import_user_modules(cfg)
     factories = make_env_factories(cfg)
+    check_agents(cfg)
     model, tokenizer = load_policy(cfg, factories, log)
     check_templates(cfg, tokenizer)
     budget = make_budget(cfg, model_context(model))
