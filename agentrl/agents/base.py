@@ -11,7 +11,13 @@ from agentrl.rollout.trajectory import Task, Trajectory
 
 @runtime_checkable
 class Agent(Protocol):
-    """Runs one episode: decides what the model sees and how a reply becomes an action."""
+    """Runs one episode: decides what the model sees and how a reply becomes an action.
+
+    The runtime builds a registered agent class as `cls(tokenizer=, sampling=, max_turns=,
+    system_prompt=, budget=, **agent.args)` (`budget`, a `TokenBudget`, only when the
+    constructor takes it). A registered class with `collect_trajectory` and no `run_episode`
+    is a seed-style agent and runs through `agents/compat.py` instead.
+    """
 
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
         """Play `task` in `env` with `llm`; return the token-exact trajectory."""

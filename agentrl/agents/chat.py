@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from agentrl.envs.base import Env
 from agentrl.llm.conversation import Conversation, TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
@@ -35,27 +37,19 @@ class ChatAgent:
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
         """Play one episode of `env` seeded by the task."""
         obs, reset_info = await env.reset(seed=task.env_seed)
-        conv = Conversation(self.tokenizer)
-        if self.system_prompt:
-            conv.add_message("system", self.system_prompt)
-        conv.add_message("user", f"{env.instructions}\n{obs}")
+        conv = start_conversation(self.tokenizer, self.system_prompt, f"{env.instructions}\n{obs}")
         info: dict = {"success": False, "truncated_replies": 0, "invalid_actions": 0}
         terminated = truncated = False
         reason: str | None = "max_turns"
         states = []
         observed = None  # mark before the latest observation, taken back if no reply can follow it
         for turn in range(self.max_turns):
-            prompt = conv.prompt_ids()
-            max_new, stop = self.budget.allowance(len(prompt), conv.num_generated(), self.sampling.max_new_tokens)
+            reply, stop = await take_turn(conv, llm, task, turn, self, undo=observed)
             if stop:
-                if observed is not None:
-                    conv.rollback(observed)
                 reason = stop
                 break
             states.append(obs)
-            completion = await llm.generate(prompt, turn_sampling(self.sampling, task, turn, max_new))
-            reply = conv.add_completion(completion, self.eos_token_ids)
-            if completion.finish_reason != "stop":
+            if reply is None:  # cut off at max_new_tokens: no answer
                 info["truncated_replies"] += 1
                 reply = ""
             obs, reward, terminated, truncated, step_info = await env.step(reply)
@@ -79,6 +73,43 @@ class ChatAgent:
             info["map"] = reset_info["map"]
         return Trajectory(conv.token_ids, conv.loss_mask, conv.logprobs, conv.versions, conv.rewards,
                           conv.reward_positions, task.group_id, task.env_seed, info, states)
+
+
+def start_conversation(tokenizer, system_prompt: str | None, first_message: str) -> Conversation:
+    """A conversation opened by the optional system prompt and the first user message."""
+    conv = Conversation(tokenizer)
+    if system_prompt:
+        conv.add_message("system", system_prompt)
+    conv.add_message("user", first_message)
+    return conv
+
+
+class TurnSettings(Protocol):
+    """What `take_turn` reads from an agent."""
+
+    sampling: SamplingParams
+    budget: TokenBudget
+    eos_token_ids: tuple[int, ...]
+
+
+async def take_turn(conv: Conversation, llm: LLMClient, task: Task, turn: int, agent: TurnSettings,
+                    undo: tuple | None = None) -> tuple[str | None, str | None]:
+    """Generate and append the next reply within the agent's budget.
+
+    Returns (reply text, None); the text is None when the reply was cut off at its token limit
+    (no EOS). When the budget leaves no room for a reply: (None, reason), after taking back what
+    was added since the `undo` mark (a message no reply can follow). `agent` supplies
+    `sampling`, `budget` and `eos_token_ids`.
+    """
+    prompt = conv.prompt_ids()
+    max_new, stop = agent.budget.allowance(len(prompt), conv.num_generated(), agent.sampling.max_new_tokens)
+    if stop:
+        if undo is not None:
+            conv.rollback(undo)
+        return None, stop
+    completion = await llm.generate(prompt, turn_sampling(agent.sampling, task, turn, max_new))
+    reply = conv.add_completion(completion, agent.eos_token_ids)
+    return (reply if completion.finish_reason == "stop" else None), None
 
 
 def turn_sampling(base: SamplingParams, task: Task, turn: int, max_new_tokens: int | None = None) -> SamplingParams:

@@ -22,9 +22,9 @@ per-step metrics (the math env's `grader_timeout`) are averaged over the tries.
 
 from __future__ import annotations
 
-from agentrl.agents.chat import turn_sampling
+from agentrl.agents.chat import start_conversation, take_turn
 from agentrl.envs.base import Env
-from agentrl.llm.conversation import Conversation, TokenBudget
+from agentrl.llm.conversation import TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.registry import register_agent
 from agentrl.rollout.trajectory import Task, Trajectory
@@ -61,26 +61,18 @@ class MathRetryAgent:
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
         """Ask the task's question until it is answered right or the tries run out."""
         question, _ = await env.reset(seed=task.env_seed)
-        conv = Conversation(self.tokenizer)
-        if self.system_prompt:
-            conv.add_message("system", self.system_prompt)
-        conv.add_message("user", f"{env.instructions}\n{question}")
+        conv = start_conversation(self.tokenizer, self.system_prompt, f"{env.instructions}\n{question}")
         solved_at: int | None = None
         reason: str | None = "max_turns"
         info: dict = {"truncated_replies": 0, "invalid_actions": 0}
         states, replies, fed_back, env_metrics = [], [], None, []
         for turn in range(self.max_turns):
-            prompt = conv.prompt_ids()
-            max_new, stop = self.budget.allowance(len(prompt), conv.num_generated(), self.sampling.max_new_tokens)
+            reply, stop = await take_turn(conv, llm, task, turn, self, undo=fed_back)
             if stop:
-                if fed_back is not None:
-                    conv.rollback(fed_back)  # no reply can follow this feedback
                 reason = stop
                 break
             states.append("\n".join([question, *replies]))  # the question and the tries so far
-            completion = await llm.generate(prompt, turn_sampling(self.sampling, task, turn, max_new))
-            reply = conv.add_completion(completion, self.eos_token_ids)
-            if completion.finish_reason != "stop":
+            if reply is None:  # cut off at max_new_tokens: no answer
                 info["truncated_replies"] += 1
                 reply = ""
             replies.append(reply)

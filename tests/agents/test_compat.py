@@ -15,6 +15,7 @@ from agentrl.registry import AGENTS, ENVS
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.rollout.trajectory import Task
 from agentrl.runtime.envs import import_user_modules
+from helpers import RecordingEngine, segments
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "seed_math_agent.py")
 SAMPLING = SamplingParams(max_new_tokens=6)
@@ -27,17 +28,6 @@ def _example():
     shutdown_grader()
 
 
-def _segments(mask):
-    out, start = [], None
-    for i, m in enumerate(mask + [0]):
-        if m and start is None:
-            start = i
-        if not m and start is not None:
-            out.append((start, i))
-            start = None
-    return out
-
-
 def test_example_is_registered_and_detected_as_seed_style():
     agent_cls = AGENTS.get("math-multi-turn")
     assert is_seed_agent(agent_cls) and not is_seed_agent(AGENTS.get("chat"))
@@ -46,28 +36,20 @@ def test_example_is_registered_and_detected_as_seed_style():
 
 
 def test_seed_agent_runs_real_episodes_through_the_local_engine(tiny_model, tiny_tokenizer):
-    engine = LocalEngine(tiny_model, eos_token_ids=(tiny_tokenizer.eos_token_id,),
-                         pad_token_id=tiny_tokenizer.pad_token_id)
-    served = []
-
-    class Recording:
-        async def generate(self, prompt_ids, sampling):
-            out = await engine.generate(prompt_ids, sampling)
-            served.append((list(prompt_ids), out))
-            return out
-
+    engine = RecordingEngine(LocalEngine(tiny_model, eos_token_ids=(tiny_tokenizer.eos_token_id,),
+                                         pad_token_id=tiny_tokenizer.pad_token_id))
     adapter = SeedAgentAdapter.from_class(AGENTS.get("math-multi-turn"), tiny_tokenizer, SAMPLING, max_turns=3,
                                           args={"turn_level_discount": 0.5})
     env_cls = ENVS.get("math-code-single-step")
-    collector = RolloutCollector.single(lambda: env_cls(max_operand=4), adapter, Recording(), tag="seed")
+    collector = RolloutCollector.single(lambda: env_cls(max_operand=4), adapter, engine, tag="seed")
     result = collector.collect([Task(env_seed=s, group_id=s, sampling_seed=s, tag="seed") for s in range(6)])
     assert not result.errors and len(result.trajectories) == 6
-    calls = {(tuple(p), tuple(o.token_ids)): o for p, o in served}
+    calls = engine.served()
     feedback = tiny_tokenizer("\n" + tiny_tokenizer.apply_chat_template(
         [dict(content="Unfortunately your answer is wrong. Let's try again.", role="user")],
         add_generation_prompt=True, tokenize=False), add_special_tokens=False)["input_ids"]
     for traj in result.trajectories:
-        segs = _segments(traj.loss_mask)
+        segs = segments(traj.loss_mask)
         assert 1 <= len(segs) == traj.num_turns <= 3
         for a, b in segs:  # every reply: the engine's exact ids and logprobs for exactly that prompt
             out = calls[(tuple(traj.token_ids[:a]), tuple(traj.token_ids[a:b]))]
@@ -77,7 +59,7 @@ def test_seed_agent_runs_real_episodes_through_the_local_engine(tiny_model, tiny
         solved = traj.info["success"]
         assert traj.rewards == [0.0] * (len(segs) - 1) + [0.5 ** (len(segs) - 1) if solved else 0.0]
         assert solved or len(segs) == 3
-    assert sum(len(_segments(t.loss_mask)) for t in result.trajectories) == len(served)
+    assert sum(len(segments(t.loss_mask)) for t in result.trajectories) == len(engine.calls)
 
 
 class ScriptedReplies:

@@ -14,6 +14,7 @@ from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.local import LocalEngine
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.rollout.trajectory import Task
+from helpers import RecordingEngine, segments
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,17 +37,6 @@ class ScriptedReplies:
         return Completion(ids, [-0.5] * len(ids), "stop")
 
 
-def _segments(mask):
-    out, start = [], None
-    for i, m in enumerate(mask + [0]):
-        if m and start is None:
-            start = i
-        if not m and start is not None:
-            out.append((start, i))
-            start = None
-    return out
-
-
 def _episode(agent, env, llm, seed=0, greedy=False):
     return asyncio.run(agent.run_episode(Task(env_seed=seed, group_id=0, sampling_seed=1, greedy=greedy), env, llm))
 
@@ -66,7 +56,7 @@ def test_wrong_then_right_with_feedback_and_discount(tiny_tokenizer):
                                     "grader_timeout": 0.0}
     assert traj.info["invalid_actions"] == 1
     # generated ids are exactly the client's, with mask 1 and their logprobs; rewards on their last id
-    segs = _segments(traj.loss_mask)
+    segs = segments(traj.loss_mask)
     assert [traj.token_ids[a:b] for a, b in segs] == llm.outputs
     assert traj.reward_positions == [b - 1 for _, b in segs]
     assert all(traj.logprobs[i] == -0.5 for a, b in segs for i in range(a, b))
@@ -96,30 +86,22 @@ def test_all_wrong_ends_at_max_turns(tiny_tokenizer):
 
 
 def test_real_engine_episode_is_token_exact(tiny_model, tiny_tokenizer):
-    engine = LocalEngine(tiny_model, eos_token_ids=(tiny_tokenizer.eos_token_id,),
-                         pad_token_id=tiny_tokenizer.pad_token_id)
-    served = []
-
-    class Recording:
-        async def generate(self, prompt_ids, sampling):
-            out = await engine.generate(prompt_ids, sampling)
-            served.append((list(prompt_ids), out))
-            return out
-
+    engine = RecordingEngine(LocalEngine(tiny_model, eos_token_ids=(tiny_tokenizer.eos_token_id,),
+                                         pad_token_id=tiny_tokenizer.pad_token_id))
     agent = MathRetryAgent(tiny_tokenizer, SamplingParams(max_new_tokens=6, stop_token_ids=(tiny_tokenizer.eos_token_id,)),
                            max_turns=3)
-    collector = RolloutCollector.single(lambda: MathEnv(max_operand=4), agent, Recording(), tag="math")
+    collector = RolloutCollector.single(lambda: MathEnv(max_operand=4), agent, engine, tag="math")
     result = collector.collect([Task(env_seed=s, group_id=s, sampling_seed=s, tag="math") for s in range(4)])
     assert not result.errors and len(result.trajectories) == 4
-    calls = {(tuple(prompt), tuple(out.token_ids)): out for prompt, out in served}
+    calls = engine.served()
     n_turns = 0
     for traj in result.trajectories:
         assert traj.info["tag"] == "math"
-        for a, b in _segments(traj.loss_mask):  # each reply: the engine's ids for exactly this prompt
+        for a, b in segments(traj.loss_mask):  # each reply: the engine's ids for exactly this prompt
             out = calls[(tuple(traj.token_ids[:a]), tuple(traj.token_ids[a:b]))]
             assert traj.logprobs[a:b] == out.logprobs
             n_turns += 1
-    assert n_turns == len(served)
+    assert n_turns == len(engine.calls)
 
 
 class Countdown:

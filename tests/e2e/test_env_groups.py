@@ -12,7 +12,7 @@ from agentrl.envs.math_grader import shutdown_grader
 from agentrl.metrics import read_jsonl
 from agentrl.models.loading import save_pretrained
 from agentrl.runtime.local import train
-from tests.e2e.test_train import TINY, _agentrl
+from test_train import TINY, _agentrl
 
 ROOT = Path(__file__).parents[2]
 SMALL = [o for o in TINY if not o.startswith(("env.", "trainer.total_steps", "trainer.eval_episodes"))]

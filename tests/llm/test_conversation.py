@@ -10,18 +10,7 @@ from agentrl.llm.conversation import Conversation
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.local import LocalEngine
 from agentrl.rollout.trajectory import Task
-
-
-class RecordingEngine:
-    """Wraps the real engine and keeps every (prompt, completion) pair it served."""
-
-    def __init__(self, engine):
-        self.engine, self.calls = engine, []
-
-    async def generate(self, prompt_ids, sampling):
-        out = await self.engine.generate(prompt_ids, sampling)
-        self.calls.append((list(prompt_ids), out))
-        return out
+from helpers import RecordingEngine, segments
 
 
 class CountdownEnv:
@@ -45,24 +34,13 @@ class CountdownEnv:
         pass
 
 
-def _segments(mask):
-    segs, start = [], None
-    for i, m in enumerate(mask + [0]):
-        if m and start is None:
-            start = i
-        if not m and start is not None:
-            segs.append((start, i))
-            start = None
-    return segs
-
-
 def test_trajectory_ids_are_exactly_the_engine_outputs(tiny_model, tiny_tokenizer):
     engine = RecordingEngine(LocalEngine(tiny_model, eos_token_ids=(tiny_tokenizer.eos_token_id,),
                                          pad_token_id=tiny_tokenizer.pad_token_id))
     agent = ChatAgent(tiny_tokenizer, SamplingParams(max_new_tokens=6), max_turns=5)
     traj = asyncio.run(agent.run_episode(Task(env_seed=0, group_id=0, sampling_seed=3), CountdownEnv(), engine))
     assert traj.num_turns == 3 and len(engine.calls) == 3
-    segs = _segments(traj.loss_mask)
+    segs = segments(traj.loss_mask)
     assert len(segs) == 3
     for (start, end), (prompt, out) in zip(segs, engine.calls):
         assert traj.token_ids[start:end] == out.token_ids  # generated ids verbatim

@@ -1,0 +1,29 @@
+"""Helpers shared by tests (importable as `helpers`: pytest puts tests/ on sys.path)."""
+
+
+def segments(mask):
+    """(start, end) of each run of 1s in a loss mask: the spans the policy generated."""
+    out, start = [], None
+    for i, m in enumerate(list(mask) + [0]):
+        if m and start is None:
+            start = i
+        if not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+class RecordingEngine:
+    """Wraps a real engine and keeps every (prompt ids, completion) it served."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    async def generate(self, prompt_ids, sampling):
+        out = await self.engine.generate(prompt_ids, sampling)
+        self.calls.append((list(prompt_ids), out))
+        return out
+
+    def served(self):
+        """{(prompt ids, output ids): completion} of every request."""
+        return {(tuple(p), tuple(o.token_ids)): o for p, o in self.calls}
