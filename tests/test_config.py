@@ -66,3 +66,31 @@ def test_every_field_is_documented():
     assert {k for k, _, _ in docs} == set(all_keys())
     missing = [k for k, _, d in docs if not d]
     assert not missing, f"undocumented config fields: {missing}"
+
+
+def test_every_shipped_config_loads_and_plans_its_groups():
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")):
+        cfg = load_config(path)
+        plan = cfg.group_tags("train")
+        assert len(plan) == cfg.rollout.batch_size // cfg.rollout.group_size, path
+        assert len(cfg.group_tags("val")) == cfg.trainer.eval_episodes, path
+    mixed = load_config(Path(__file__).parents[1] / "configs" / "mixed.yaml")
+    assert mixed.group_tags("train") == ["frozen_lake", "frozen_lake", "sokoban", "math"]
+    assert mixed.agent_for("math").type == "math_retry" and mixed.agent_for("sokoban").type == "chat"
+
+
+def test_named_sections_from_yaml_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("custom_envs:\n  a: {type: frozen_lake, max_turns: 3}\n  b:\n    type: math\n"
+                    "    agent: {type: math_retry, args: {turn_discount: 0.5}}\n")
+    cfg = load_config(path, ["custom_envs.b.args.max_operand=4", "custom_envs.c.type=math",
+                             "custom_envs.a.agent.system_prompt=Be brief.", "train_env_manager.n_groups=[2, 1, 1]",
+                             "trainer.eval_episodes=30"])
+    assert list(cfg.custom_envs) == ["a", "b", "c"]
+    assert cfg.custom_envs["b"].args == {"max_operand": 4} and cfg.custom_envs["b"].max_turns == 8
+    assert cfg.agent_for("a").system_prompt == "Be brief." and cfg.agent_for("a").type == "chat"
+    assert cfg.agent_for("b").args == {"turn_discount": 0.5} and cfg.agent_for("c") is cfg.agent
+    with pytest.raises(ConfigError, match="custom_envs.b.max_turns='x' must be an integer"):
+        load_config(path, ["custom_envs.b.max_turns=x"])  # checked while loading, before validation
