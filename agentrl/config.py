@@ -123,6 +123,14 @@ class RolloutConfig:
     rollout_filter_ratio: float = 1.0
     """RAGEN's variance filter: keep this fraction of groups, those with the largest reward std
     (1.0 keeps all)."""
+    episode_timeout: Optional[float] = None
+    """Seconds one episode attempt may take before it is ended as a timeout (null: no limit)."""
+    max_retries: int = 1
+    """Attempts after the first for an episode that failed (env/agent exception, engine error,
+    timeout), each with a fresh env; when they run out the episode's whole group is dropped."""
+    max_failed_fraction: float = 0.5
+    """Training stops with an error when more than this fraction of a step's episodes failed
+    every attempt (a broken env, not bad luck); below it, failed groups are only dropped."""
 
 
 # ---------------------------------------------------------------------------- algorithm
@@ -533,6 +541,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"rollout.temperature={r.temperature} must be > 0 (eval decodes greedily)")
     if r.top_k < -1:
         raise ConfigError(f"rollout.top_k={r.top_k} must be -1 (off) or a positive count")
+    if r.episode_timeout is not None and r.episode_timeout <= 0:
+        raise ConfigError(f"rollout.episode_timeout={r.episode_timeout} must be > 0 seconds (or null: no limit)")
+    if r.max_retries < 0:
+        raise ConfigError(f"rollout.max_retries={r.max_retries} must be >= 0")
+    if not 0.0 <= r.max_failed_fraction <= 1.0:
+        raise ConfigError(f"rollout.max_failed_fraction={r.max_failed_fraction} must be in [0, 1]")
     for name in ("clip_ratio_low", "clip_ratio_high", "lr", "weight_decay", "grad_clip"):
         if getattr(a, name) < 0:
             raise ConfigError(f"actor.{name}={getattr(a, name)} must be >= 0")

@@ -159,7 +159,8 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     engine = LocalEngine(engine_model, eos_token_ids=(tokenizer.eos_token_id,),
                          pad_token_id=tokenizer.pad_token_id, max_num_seqs=cfg.rollout.max_num_seqs,
                          seed=cfg.seed)
-    collector = RolloutCollector(env_factory, make_agent(cfg, tokenizer), engine)
+    collector = RolloutCollector(env_factory, make_agent(cfg, tokenizer), engine,
+                                 timeout=cfg.rollout.episode_timeout, max_retries=cfg.rollout.max_retries)
     horizon = float(cfg.rollout.max_new_tokens * cfg.env.max_turns)  # most tokens an episode generates
     actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature, horizon=horizon)
     # The reference exists only when a KL term needs it: it costs a model copy and a forward.

@@ -24,6 +24,7 @@ from agentrl.algos.advantages import compute_advantages
 from agentrl.algos.kl_control import KLController
 from agentrl.algos.losses import kl_penalty, masked_mean
 from agentrl.config import Config
+from agentrl.errors import RolloutError
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, RolloutCollector, make_tasks
 from agentrl.rollout.trajectory import Trajectory
@@ -35,6 +36,7 @@ from agentrl.train.checkpoint import (latest_checkpoint, load_optimizer, load_st
 EVAL_SEED_BASE = 1_000_000  # eval env seeds live above every training seed
 GEN_BATCH_STRIDE = 1_000_003  # extra generation batches of a step draw seeds far from other steps
 EVAL_STEP = 2**31 - 1  # a fixed pseudo-step: every evaluation plays the same held-out tasks
+ERRORS_NAME = "errors.jsonl"  # failed episode attempts of a run, one JSON line each
 
 
 class Trainer:
@@ -120,11 +122,13 @@ class Trainer:
         if self._due(self.cfg.trainer.test_freq):
             with self.timer.scope("evaluate"):
                 metrics.update(self.evaluate())
+        metrics.update(self.timer.pop())
+        # Logged before the checkpoint: a run killed between the two resumes with this step's
+        # row in place (its checkpoint time is counted in the next step's perf/).
+        self.logger.log(self.step_idx, metrics)
         if self._due(self.cfg.trainer.save_freq):
             with self.timer.scope("checkpoint"):
                 self._checkpoint()
-        metrics.update(self.timer.pop())
-        self.logger.log(self.step_idx, metrics)
         return metrics
 
     # ------------------------------------------------------------------ stages
@@ -133,20 +137,21 @@ class Trainer:
 
         With DAPO's `filter_groups` and `max_num_gen_batches` > 1, further batches (fresh env
         seeds) are collected until the step has `batch_size / group_size` informative groups.
+        Failed episodes only drop their group, unless more than `rollout.max_failed_fraction` of
+        the step's episodes failed: then the env or agent is broken and training stops.
         """
         r, fg = self.cfg.rollout, self.cfg.algorithm.filter_groups
         n_groups = r.batch_size // r.group_size
         kept: list[list[Trajectory]] = []
-        errors: list[str] = []
-        dropped_failed = dropped_equal = 0
+        total = CollectResult([])
+        dropped_equal = 0
         batches = max(1, fg.max_num_gen_batches) if fg.enable else 1
         for attempt in range(batches):
             tasks = make_tasks(self.cfg.seed, self.step_idx + attempt * GEN_BATCH_STRIDE, n_groups, r.group_size)
             # Group ids must stay distinct across generation batches: baselines are per group.
             tasks = [replace(t, group_id=t.group_id + attempt * n_groups) for t in tasks]
             result = self.collector.collect(tasks)
-            errors += result.errors
-            dropped_failed += result.dropped_groups
+            total.absorb(result)
             for group in _groups(result.trajectories):
                 if fg.enable and len({_group_metric(t, fg.metric) for t in group}) == 1:
                     dropped_equal += 1
@@ -154,9 +159,12 @@ class Trainer:
                     kept.append(group)
             if len(kept) >= n_groups:
                 break
-        if not kept and not fg.enable:
-            raise RuntimeError(f"step {self.step_idx}: every episode failed; first error: "
-                               f"{errors[0] if errors else 'unknown'}")
+        self._record_errors(total.errors)
+        if total.failed_episodes > r.max_failed_fraction * total.episodes:
+            raise RolloutError(
+                f"step {self.step_idx}: {total.failed_episodes} of {total.episodes} episodes failed every "
+                f"attempt (more than rollout.max_failed_fraction={r.max_failed_fraction}); first error: "
+                f"{total.errors[0]}; all errors are in {self.run_dir / ERRORS_NAME}")
         kept = kept[:n_groups]
         n_before_std = len(kept)
         if r.rollout_filter_ratio < 1.0 and kept:
@@ -167,9 +175,10 @@ class Trainer:
         stats = {"rollout/gen_batches": float(attempt + 1),
                  "rollout/filtered_groups_equal": float(dropped_equal),
                  "rollout/filtered_groups_std": float(n_before_std - len(kept)),
-                 "rollout/kept_groups": float(len(kept))}
-        trajs = [t for g in kept for t in g]
-        return CollectResult(trajs, errors, dropped_failed), stats
+                 "rollout/kept_groups": float(len(kept)),
+                 **total.metrics()}
+        total.trajectories = [t for g in kept for t in g]
+        return total, stats
 
     def score(self, batch: Batch) -> None:
         """Recompute logprobs under the current (proximal) policy, the reference and the critic."""
@@ -219,6 +228,17 @@ class Trainer:
             out.update({f"eval/baseline_{k}": v for k, v in self.eval_baselines(trajs).items()})
         self._write_samples(trajs[:2])
         return out
+
+    def _record_errors(self, errors: list[str]) -> None:
+        """Append this step's failed attempts to errors.jsonl (the run keeps going without them)."""
+        import json
+
+        if not errors:
+            return
+        with open(self.run_dir / ERRORS_NAME, "a") as f:
+            for e in errors:
+                kind, _, message = e.partition(": ")
+                f.write(json.dumps({"step": self.step_idx, "kind": kind, "error": message}) + "\n")
 
     def _write_samples(self, trajs: list[Trajectory]) -> None:
         """Append a few decoded eval episodes to samples.jsonl, for people to read."""
@@ -281,8 +301,6 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
         "rollout/response_tokens": _mean([t.num_generated for t in trajs]),
         "rollout/sequence_tokens": _mean([len(t.token_ids) for t in trajs]),
         "rollout/episodes": float(len(trajs)),
-        "rollout/errors": float(len(result.errors)),
-        "rollout/dropped_groups": float(result.dropped_groups),
         "policy/logprob_diff_mean": float(masked_mean(diff, mask)),
         "policy/logprob_diff_max": float(diff.max()),
     }
