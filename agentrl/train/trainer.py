@@ -27,7 +27,8 @@ from agentrl.config import Config
 from agentrl.errors import RolloutError
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, RolloutCollector, make_tasks
-from agentrl.rollout.trajectory import Trajectory
+from agentrl.rollout.stream import RolloutStream
+from agentrl.rollout.trajectory import Task, Trajectory
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch, pack
 from agentrl.train.checkpoint import (latest_checkpoint, load_optimizer, load_state, rng_state,
@@ -58,6 +59,9 @@ class Trainer:
         self.kl_ctrl = KLController(cfg.algorithm.kl_ctrl)
         self.timer = Timer()
         self.step_idx = 0
+        self.version = engine.policy_version  # policy version of the weights the engine serves
+        self.stream: RolloutStream | None = None  # the background rollout, when max_staleness >= 1
+        self._stream_state: dict[str, Any] | None = None  # task-source position of a resumed stream
         self.summary: dict[str, Any] = {}
         self.logger: MetricsLogger | None = None
 
@@ -76,12 +80,15 @@ class Trainer:
                 before = self.evaluate()
                 self.summary["eval_success_before"] = before["eval/success"]
                 self.logger.log(0, before)
+            self._start_stream()
             while self.step_idx < self.cfg.trainer.total_steps:
                 self.step()
             after = self.evaluate()
             self.logger.log(self.step_idx, after)
             self._checkpoint()
         finally:
+            if self.stream is not None:
+                self.stream.close()
             self.logger.close()
         self.summary.update(
             eval_success_after=after["eval/success"],
@@ -118,7 +125,7 @@ class Trainer:
             with self.timer.scope("sync"):
                 self.sync()
             metrics.update(rollout_metrics(result, batch))
-        metrics.update(self.engine.stats.pop())
+        metrics.update(self._on_engine(self.engine.stats.pop))
         if self._due(self.cfg.trainer.test_freq):
             with self.timer.scope("evaluate"):
                 metrics.update(self.evaluate())
@@ -133,7 +140,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ stages
     def collect(self) -> tuple[CollectResult, dict[str, float]]:
-        """Play this step's groups with the current policy, then filter groups as configured.
+        """This step's groups, played by the current policy (or, with max_staleness k, by one at
+        most k versions older), filtered as configured.
 
         With DAPO's `filter_groups` and `max_num_gen_batches` > 1, further batches (fresh env
         seeds) are collected until the step has `batch_size / group_size` informative groups.
@@ -144,19 +152,18 @@ class Trainer:
         n_groups = r.batch_size // r.group_size
         kept: list[list[Trajectory]] = []
         total = CollectResult([])
-        dropped_equal = 0
+        dropped_equal = stale = 0
         batches = max(1, fg.max_num_gen_batches) if fg.enable else 1
         for attempt in range(batches):
-            tasks = make_tasks(self.cfg.seed, self.step_idx + attempt * GEN_BATCH_STRIDE, n_groups, r.group_size)
-            # Group ids must stay distinct across generation batches: baselines are per group.
-            tasks = [replace(t, group_id=t.group_id + attempt * n_groups) for t in tasks]
-            result = self.collector.collect(tasks)
+            groups, result, n_stale = self._generate(attempt, n_groups)
             total.absorb(result)
-            for group in _groups(result.trajectories):
-                if fg.enable and len({_group_metric(t, fg.metric) for t in group}) == 1:
-                    dropped_equal += 1
-                else:
-                    kept.append(group)
+            stale += n_stale
+            informative = [g for g in groups
+                           if not fg.enable or len({_group_metric(t, fg.metric) for t in g}) > 1]
+            dropped_equal += len(groups) - len(informative)
+            if self.stream is not None:
+                self.stream.replace(len(groups) - len(informative))
+            kept += informative
             if len(kept) >= n_groups:
                 break
         self._record_errors(total.errors)
@@ -172,13 +179,53 @@ class Trainer:
             stds = [float(torch.tensor([t.total_reward for t in g]).std()) if len(g) > 1 else 0.0 for g in kept]
             order = sorted(range(len(kept)), key=lambda i: -stds[i])[:k]
             kept = [kept[i] for i in sorted(order)]
+        total.trajectories = [t for g in kept for t in g]
         stats = {"rollout/gen_batches": float(attempt + 1),
                  "rollout/filtered_groups_equal": float(dropped_equal),
                  "rollout/filtered_groups_std": float(n_before_std - len(kept)),
                  "rollout/kept_groups": float(len(kept)),
-                 **total.metrics()}
-        total.trajectories = [t for g in kept for t in g]
+                 "rollout/stale_dropped_groups": float(stale),
+                 **total.metrics(), **self._staleness(total.trajectories)}
         return total, stats
+
+    def _generate(self, attempt: int, need: int) -> tuple[list[list[Trajectory]], CollectResult, int]:
+        """One generation batch: its complete groups, its counts, and how many groups were too stale.
+
+        On-policy, a fresh batch of the step's tasks; with a stream, the first `need` groups to
+        finish (older ones beyond the staleness bound are dropped by the stream).
+        """
+        if self.stream is None:
+            n_groups = self.cfg.rollout.batch_size // self.cfg.rollout.group_size
+            tasks = make_tasks(self.cfg.seed, self.step_idx + attempt * GEN_BATCH_STRIDE, n_groups,
+                               self.cfg.rollout.group_size)
+            # Group ids must stay distinct across generation batches: baselines are per group.
+            tasks = [replace(t, group_id=t.group_id + attempt * n_groups) for t in tasks]
+            result = self.collector.collect(tasks)
+            return _groups(result.trajectories), result, 0
+        ready, stale = self.stream.take(need, self.version)
+        result = CollectResult([])
+        for group in ready:
+            result.absorb(group.result)
+        return [g.trajectories for g in ready if not g.failed], result, stale
+
+    def _staleness(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """How many versions behind the trained policy each generated id is (never above max_staleness)."""
+        lags = [self.version - v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m]
+        if not lags:
+            return {}
+        worst = max(lags)
+        allowed = self.cfg.rollout.max_staleness if self.cfg.rollout.stale_samples == "correct" else 0
+        assert worst <= allowed, f"step {self.step_idx}: a sample is {worst} versions stale (bound {allowed})"
+        return {"rollout/staleness_mean": sum(lags) / len(lags), "rollout/staleness_max": float(worst)}
+
+    def _group_tasks(self, index: int) -> list[Task]:
+        """The tasks of group `index` of the task source: the same env seeds as on-policy step
+        index // G + 1 plays, so both modes train on one sequence of tasks."""
+        r = self.cfg.rollout
+        n_groups = r.batch_size // r.group_size
+        step, g = divmod(index, n_groups)
+        tasks = make_tasks(self.cfg.seed, step + 1, n_groups, r.group_size)[g * r.group_size:(g + 1) * r.group_size]
+        return [replace(t, group_id=index) for t in tasks]
 
     def score(self, batch: Batch) -> None:
         """Recompute logprobs under the current (proximal) policy, the reference and the critic."""
@@ -207,13 +254,18 @@ class Trainer:
 
     def sync(self) -> None:
         """Push the updated weights to the engine, so the next rollouts use them."""
-        self.engine.load_weights({k: v.detach() for k, v in self.actor.model.state_dict().items()})
+        weights = {k: v.detach() for k, v in self.actor.model.state_dict().items()}
+        if self.stream is None:
+            self.version = self.engine.load_weights(weights)
+        else:
+            self.version = self.stream.load_weights(weights)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on held-out env seeds."""
         n = self.cfg.trainer.eval_episodes
         tasks = make_tasks(self.cfg.seed, EVAL_STEP, n, 1, greedy=True, seed_base=EVAL_SEED_BASE)
-        result = self.collector.collect(tasks)
+        # With a stream the engine belongs to its thread: evaluation runs there too.
+        result = self.collector.collect(tasks) if self.stream is None else self.stream.run(self.collector.acollect(tasks))
         trajs = result.trajectories
         out = {
             "eval/success": _mean([float(t.info.get("success", False)) for t in trajs]),
@@ -228,6 +280,20 @@ class Trainer:
             out.update({f"eval/baseline_{k}": v for k, v in self.eval_baselines(trajs).items()})
         self._write_samples(trajs[:2])
         return out
+
+    def _start_stream(self) -> None:
+        """Start the background rollout when training may use samples of older policies."""
+        r = self.cfg.rollout
+        if r.max_staleness == 0 or self.step_idx >= self.cfg.trainer.total_steps:
+            return
+        self.stream = RolloutStream(self.collector, self._group_tasks, r.batch_size // r.group_size,
+                                    r.max_staleness, version=self.version, consumed=self._stream_state,
+                                    accept_stale=r.stale_samples == "correct")
+        self.stream.start()
+
+    def _on_engine(self, fn: Callable[[], Any]) -> Any:
+        """Call `fn` where the engine lives: here, or on the stream's thread."""
+        return fn() if self.stream is None else self.stream.call(fn)
 
     def _record_errors(self, errors: list[str]) -> None:
         """Append this step's failed attempts to errors.jsonl (the run keeps going without them)."""
@@ -252,8 +318,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self) -> None:
-        state = {"policy_version": self.engine.policy_version, "rng": rng_state(),
-                 "engine_rng": self.engine._seed_rng.getstate(), "summary": dict(self.summary),
+        state = {"policy_version": self.version, "rng": rng_state(),
+                 "engine_rng": self._on_engine(self.engine._seed_rng.getstate), "summary": dict(self.summary),
+                 "stream": self.stream.state() if self.stream is not None else None,
                  "kl_coef": self.kl_ctrl.value,
                  "critic": self.critic.state_dict() if self.critic is not None else None}
         save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
@@ -276,7 +343,8 @@ class Trainer:
             self.critic.load_state_dict(state["critic"])
         set_rng_state(state["rng"])
         self.sync()
-        self.engine.policy_version = int(state["policy_version"])
+        self.engine.policy_version = self.version = int(state["policy_version"])
+        self._stream_state = state.get("stream")
         self.engine._seed_rng.setstate(state["engine_rng"])
 
     def _due(self, freq: int) -> bool:

@@ -67,16 +67,19 @@ def _flaky_cfg(tmp_path, tiny_path, *extra):
         *extra])
 
 
-def test_training_goes_on_through_raising_and_hanging_envs(tmp_path, tiny_path):
+@pytest.mark.parametrize("k", [0, 1])
+def test_training_goes_on_through_raising_and_hanging_envs(tmp_path, tiny_path, k):
     FlakyLake.created = 0
     cfg = _flaky_cfg(tmp_path, tiny_path, "env.args.raise_prob=0.1", "env.args.hang_prob=0.05",
-                     "rollout.episode_timeout=5.0", "rollout.max_retries=1", "rollout.max_failed_fraction=1.0")
+                     "rollout.episode_timeout=5.0", "rollout.max_retries=1", "rollout.max_failed_fraction=1.0",
+                     f"rollout.max_staleness={k}")
     summary = train(cfg, log=lambda m: None)
     assert summary["steps"] == 3
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "rollout/kept_groups" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert sum(r["rollout/failures_env"] for r in rows) > 0
     assert sum(r["rollout/failures_timeout"] for r in rows) > 0
+    assert sum(r["rollout/dropped_groups"] for r in rows) > 0
     assert sum(r["rollout/retries"] for r in rows) > 0
     for r in rows:  # no partial group is ever trained on
         assert r.get("rollout/episodes", 0.0) == r["rollout/kept_groups"] * 2
@@ -86,9 +89,10 @@ def test_training_goes_on_through_raising_and_hanging_envs(tmp_path, tiny_path):
     assert all("the lake cracked" in e["error"] for e in errors if e["kind"] == "env")
 
 
-def test_a_step_where_most_episodes_fail_stops_training_with_a_clear_error(tmp_path, tiny_path):
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_step_where_most_episodes_fail_stops_training_with_a_clear_error(tmp_path, tiny_path, k):
     cfg = _flaky_cfg(tmp_path, tiny_path, "env.args.raise_prob=1.0", "rollout.max_retries=1",
-                     "rollout.max_failed_fraction=0.5")
+                     "rollout.max_failed_fraction=0.5", f"rollout.max_staleness={k}")
     with pytest.raises(RolloutError, match=r"step 1: 8 of 8 episodes failed every attempt \(more than "
                                            r"rollout.max_failed_fraction=0.5\); first error: env: .*the lake cracked"):
         train(cfg, log=lambda m: None)
