@@ -3,6 +3,7 @@
     agentrl train                                     # the embedded default (4x4 FrozenLake)
     agentrl train configs/frozen_lake.yaml trainer.total_steps=20 seed=3
     agentrl train --config-path configs --config-name frozen_lake_random
+    agentrl resume runs/frozen_lake                   # continue a killed run from its last checkpoint
     agentrl eval runs/frozen_lake                     # evaluate the run's latest checkpoint
 """
 
@@ -35,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--config-path", help="folder of YAML configs (Hydra style)")
     t.add_argument("--config-name", help="config file name in --config-path, without .yaml")
     t.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
+    r = sub.add_parser("resume", help="continue a run from its latest checkpoint")
+    r.add_argument("run_dir")
+    r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=100")
     e = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
     e.add_argument("run_dir")
     e.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.eval_episodes=64")
@@ -77,6 +81,22 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resume(ns: argparse.Namespace) -> int:
+    """`agentrl resume RUN_DIR`: the run's own config, continued from its latest checkpoint."""
+    from agentrl.config import load_config
+    from agentrl.metrics import summary_table
+    from agentrl.runtime.local import train
+
+    run_dir = Path(ns.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise AgentRLError(f"{run_dir} is not a run folder (no config.yaml); give the folder a run wrote")
+    cfg = load_config(run_dir / "config.yaml", [*ns.overrides, f"run_dir={run_dir}"])
+    summary = train(cfg, resume=True, log=lambda m: print(m, file=sys.stderr))
+    print(summary_table(summary))
+    print(f"run folder: {run_dir}")
+    return 0
+
+
 def cmd_eval(ns: argparse.Namespace) -> int:
     """`agentrl eval RUN_DIR`."""
     from agentrl.config import load_config
@@ -99,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `agentrl` console script."""
     ns = _parser().parse_args(argv)
     try:
-        return {"train": cmd_train, "eval": cmd_eval}[ns.command](ns)
+        return {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval}[ns.command](ns)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 2

@@ -29,6 +29,10 @@ class EngineError(AgentRLError):
     """The inference engine could not serve a request."""
 
 
+class RolloutError(AgentRLError):
+    """Too many episodes of a step failed to train on (a broken env or agent, not bad luck)."""
+
+
 class CheckpointError(AgentRLError):
     """A checkpoint is missing, incomplete or incompatible."""
 

@@ -152,7 +152,7 @@ def test_timer_accumulates_same_scope():
         pass
     out = timer.pop()
     assert set(out) == {"perf/time_collect", "perf/time_update"}
-    assert 0.04 <= out["perf/time_collect"] < 1.0
+    assert out["perf/time_collect"] >= 0.04  # both sleeps count; no upper bound: machines are noisy
     assert timer.pop() == {}
 
 

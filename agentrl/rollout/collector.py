@@ -4,8 +4,15 @@ This is the seam between multi-turn rollout and training: everything after `coll
 only token sequences with a loss mask. Episodes run as asyncio tasks, each with its own env
 instance; their engine requests meet in the engine's batches. Each task names its env
 definition (its tag): the collector builds that tag's env and plays it with that tag's agent,
-so one batch can mix FrozenLake, Sokoban and math. An episode that raises is recorded and its
-whole group is dropped: a partial group would bias the group baseline.
+so one batch can mix FrozenLake, Sokoban and math.
+
+Faults stay inside the episode they hit. An env or agent exception, an engine error or a
+timeout (`timeout` seconds per attempt) ends that attempt with its reason recorded; the episode
+is retried with a fresh env (same env seed, so it stays in its group; a new sampling seed, so
+the retry is a new sample) up to `max_retries` times. When the retries run out the whole group
+is dropped: a partial group would bias the group baseline. A timeout can only interrupt an
+episode at an `await`: an env that blocks the thread in synchronous code cannot be timed out,
+which is why env work that may take long belongs off the event loop (see envs/base.py).
 """
 
 from __future__ import annotations
@@ -13,15 +20,18 @@ from __future__ import annotations
 import asyncio
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
+from agentrl.errors import EngineError
 from agentrl.rollout.trajectory import Task, Trajectory
 
 if TYPE_CHECKING:  # types only: importing the collector must not import envs or agents
     from agentrl.agents.base import Agent
     from agentrl.envs.base import Env
     from agentrl.llm.engine import LLMClient
+
+FAILURE_KINDS = ("env", "agent", "engine", "timeout")
 
 
 @dataclass
@@ -37,24 +47,74 @@ class CollectResult:
     """Trajectories of the groups that completed, and what went wrong with the others."""
 
     trajectories: list[Trajectory]
-    errors: list[str] = field(default_factory=list)
-    dropped_groups: int = 0
+    errors: list[str] = field(default_factory=list)  # one line per failed attempt: "kind: message"
+    dropped_groups: int = 0  # groups left out because one of their episodes ran out of retries
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_KINDS, 0))
+    retries: int = 0  # attempts beyond the first
+    failed_episodes: int = 0  # episodes whose every attempt failed
+    episodes: int = 0  # episodes asked for
+
+    def absorb(self, other: CollectResult) -> None:
+        """Add another collection's counts and errors to this one (trajectories are not merged)."""
+        self.errors += other.errors
+        self.dropped_groups += other.dropped_groups
+        for kind, n in other.failures.items():
+            self.failures[kind] = self.failures.get(kind, 0) + n
+        self.retries += other.retries
+        self.failed_episodes += other.failed_episodes
+        self.episodes += other.episodes
+
+    def metrics(self) -> dict[str, float]:
+        """rollout/* counts of failures, retries and dropped groups."""
+        out = {f"rollout/failures_{kind}": float(n) for kind, n in self.failures.items()}
+        out.update({"rollout/errors": float(len(self.errors)), "rollout/retries": float(self.retries), "rollout/failed_episodes": float(self.failed_episodes),
+                    "rollout/dropped_groups": float(self.dropped_groups)})
+        return out
+
+
+class EnvFailure(Exception):
+    """An exception raised inside the env's reset or step (as opposed to the agent's code)."""
+
+
+class _GuardedEnv:
+    """The env as the agent sees it: calls pass through, the env's own exceptions are tagged."""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+    async def reset(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await self._env.reset(*args, **kwargs)
+        except Exception as e:
+            raise EnvFailure(_describe(e, "reset")) from e
+
+    async def step(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await self._env.step(*args, **kwargs)
+        except Exception as e:
+            raise EnvFailure(_describe(e, "step")) from e
 
 
 class RolloutCollector:
     """Plays many episodes at once, each with its tag's env and agent, through one engine."""
 
-    def __init__(self, tags: Mapping[str, TagSpec], llm: "LLMClient") -> None:
+    def __init__(self, tags: Mapping[str, TagSpec], llm: "LLMClient", *,
+                 timeout: float | None = None, max_retries: int = 0) -> None:
         if not tags:
             raise ValueError("RolloutCollector needs at least one tag")
         self.tags = dict(tags)
         self.llm = llm
+        self.timeout = timeout
+        self.max_retries = max_retries
 
     @classmethod
-    def single(cls, env_factory: Callable[[], "Env"], agent: "Agent", llm: "LLMClient",
-               tag: str = "") -> RolloutCollector:
+    def single(cls, env_factory: Callable[[], "Env"], agent: "Agent", llm: "LLMClient", tag: str = "",
+               **kw: Any) -> RolloutCollector:
         """A collector of one env and one agent (tasks carry `tag`, "" by default)."""
-        return cls({tag: TagSpec(env_factory, agent)}, llm)
+        return cls({tag: TagSpec(env_factory, agent)}, llm, **kw)
 
     def collect(self, tasks: list[Task]) -> CollectResult:
         """Run every task to the end (blocking); keep only groups whose episodes all finished."""
@@ -65,28 +125,67 @@ class RolloutCollector:
         unknown = sorted({t.tag for t in tasks} - set(self.tags))
         if unknown:  # a wiring bug, not an episode failure: fail loudly
             raise ValueError(f"tasks name tags {unknown} this collector has no env for; known: {sorted(self.tags)}")
-        outcomes = await asyncio.gather(*(self._episode(t) for t in tasks))
-        failed_groups = {t.group_id for t, o in zip(tasks, outcomes) if isinstance(o, str)}
-        errors = [o for o in outcomes if isinstance(o, str)]
-        kept = [o for t, o in zip(tasks, outcomes)
-                if not isinstance(o, str) and t.group_id not in failed_groups]
-        return CollectResult(kept, errors, len(failed_groups))
+        result = CollectResult([], episodes=len(tasks))
+        outcomes = await asyncio.gather(*(self._episode(t, result) for t in tasks))
+        failed_groups = {t.group_id for t, o in zip(tasks, outcomes) if o is None}
+        result.trajectories = [o for t, o in zip(tasks, outcomes) if o is not None and t.group_id not in failed_groups]
+        result.failed_episodes = sum(o is None for o in outcomes)
+        result.dropped_groups = len(failed_groups)
+        return result
 
-    async def _episode(self, task: Task) -> Trajectory | str:
+    async def _episode(self, task: Task, result: CollectResult) -> Trajectory | None:
+        """The episode's trajectory, retrying failed attempts; None when every attempt failed."""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                result.retries += 1
+                task = replace(task, sampling_seed=retry_seed(task.sampling_seed, attempt))
+            try:
+                if self.timeout is None:
+                    return await self._attempt(task)
+                return await asyncio.wait_for(self._attempt(task), self.timeout)
+            except Exception as e:  # a crashed episode is recorded and retried, never fatal
+                kind, message = classify(e, self.timeout)
+                result.failures[kind] += 1
+                where = f"tag {task.tag}, " if task.tag else ""
+                result.errors.append(f"{kind}: {message} ({where}env seed {task.env_seed}, attempt {attempt + 1})")
+        return None
+
+    async def _attempt(self, task: Task) -> Trajectory:
+        # The env is built inside the attempt's own task (wait_for runs it in a new one), so
+        # clients that map episodes to envs by asyncio task see the pairing they expect.
         spec = self.tags[task.tag]
-        env = None
+        env = spec.env_factory()
         try:
-            env = spec.env_factory()
-            traj = await spec.agent.run_episode(task, env, self.llm)
+            traj = await spec.agent.run_episode(task, _GuardedEnv(env), self.llm)
             traj.info["tag"] = task.tag
             return traj
-        except Exception as e:  # a crashed episode is recorded and skipped, never fatal
-            last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-            where = f" at {last.filename.rsplit('/', 1)[-1]}:{last.lineno}" if last else ""
-            return f"[{task.tag}] {type(e).__name__}: {e}{where}" if task.tag else f"{type(e).__name__}: {e}{where}"
         finally:
-            if env is not None:
+            try:
                 env.close()
+            except Exception:  # closing a broken env must not hide the episode's own outcome
+                pass
+
+
+def classify(e: BaseException, timeout: float | None) -> tuple[str, str]:
+    """(failure kind, one-line message) of an exception that ended an episode attempt."""
+    if isinstance(e, EnvFailure):
+        return "env", str(e)
+    if isinstance(e, asyncio.TimeoutError):
+        return "timeout", f"episode exceeded rollout.episode_timeout={timeout}s"
+    if isinstance(e, EngineError):
+        return "engine", _describe(e)
+    return "agent", _describe(e)
+
+
+def _describe(e: BaseException, where: str = "") -> str:
+    last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    at = f" at {last.filename.rsplit('/', 1)[-1]}:{last.lineno}" if last else ""
+    return f"{type(e).__name__}{' in ' + where if where else ''}: {e}{at}"
+
+
+def retry_seed(sampling_seed: int, attempt: int) -> int:
+    """The sampling seed of retry `attempt` of an episode (a fresh sample, reproducibly)."""
+    return _mix(sampling_seed, attempt)
 
 
 def make_tasks(seed: int, step: int, n_groups: int, group_size: int, *, greedy: bool = False,

@@ -146,7 +146,8 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     engine = LocalEngine(engine_model, eos_token_ids=(tokenizer.eos_token_id,),
                          pad_token_id=tokenizer.pad_token_id, max_num_seqs=cfg.rollout.max_num_seqs,
                          seed=cfg.seed)
-    collector = RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget), engine)
+    collector = RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget), engine,
+                                 timeout=cfg.rollout.episode_timeout, max_retries=cfg.rollout.max_retries)
     horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())  # most tokens an episode generates
     if cfg.rollout.max_episode_tokens:
         horizon = min(horizon, float(cfg.rollout.max_episode_tokens))

@@ -24,10 +24,12 @@ from agentrl.algos.advantages import compute_advantages
 from agentrl.algos.kl_control import KLController
 from agentrl.algos.losses import kl_penalty, masked_mean
 from agentrl.config import Config
+from agentrl.errors import RolloutError
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, RolloutCollector, make_tasks
 from agentrl.rollout.stats import by_tag, tag_metrics, truncation_metrics
-from agentrl.rollout.trajectory import Trajectory
+from agentrl.rollout.stream import RolloutStream
+from agentrl.rollout.trajectory import Task, Trajectory
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch, pack
 from agentrl.train.checkpoint import (latest_checkpoint, load_optimizer, load_state, rng_state,
@@ -36,6 +38,7 @@ from agentrl.train.checkpoint import (latest_checkpoint, load_optimizer, load_st
 EVAL_SEED_BASE = 1_000_000  # eval env seeds live above every training seed
 GEN_BATCH_STRIDE = 1_000_003  # extra generation batches of a step draw seeds far from other steps
 EVAL_STEP = 2**31 - 1  # a fixed pseudo-step: every evaluation plays the same held-out tasks
+ERRORS_NAME = "errors.jsonl"  # failed episode attempts of a run, one JSON line each
 
 
 class Trainer:
@@ -59,6 +62,9 @@ class Trainer:
         self.kl_ctrl = KLController(cfg.algorithm.kl_ctrl)
         self.timer = Timer()
         self.step_idx = 0
+        self.version = engine.policy_version  # policy version of the weights the engine serves
+        self.stream: RolloutStream | None = None  # the background rollout, when max_staleness >= 1
+        self._stream_state: dict[str, Any] | None = None  # task-source position of a resumed stream
         self.summary: dict[str, Any] = {}
         self.logger: MetricsLogger | None = None
 
@@ -78,12 +84,15 @@ class Trainer:
                 self.summary["eval_success_before"] = before["eval/success"]
                 self.summary.update(self._per_tag_summary(before, "before"))
                 self.logger.log(0, before)
+            self._start_stream()
             while self.step_idx < self.cfg.trainer.total_steps:
                 self.step()
             after = self.evaluate()
             self.logger.log(self.step_idx, after)
             self._checkpoint()
         finally:
+            if self.stream is not None:
+                self.stream.close()
             self.logger.close()
         self.summary.update(
             eval_success_after=after["eval/success"],
@@ -100,6 +109,7 @@ class Trainer:
     def step(self) -> dict[str, float]:
         """One training step; returns its metrics."""
         self.step_idx += 1
+        t0 = time.perf_counter()
         metrics: dict[str, float] = {}
         with self.timer.scope("collect"):
             result, filter_stats = self.collect()
@@ -122,48 +132,54 @@ class Trainer:
                 self.sync()
             metrics.update(rollout_metrics(result, batch))
             metrics.update(tag_metrics(result.trajectories, "env"))
-        metrics.update(self.engine.stats.pop())
+        metrics.update(self._on_engine(self.engine.stats.pop))
         if self._due(self.cfg.trainer.test_freq):
             with self.timer.scope("evaluate"):
                 metrics.update(self.evaluate())
+        metrics.update(self.timer.pop())
+        metrics["perf/step_seconds"] = time.perf_counter() - t0
+        # Logged before the checkpoint: a run killed between the two resumes with this step's
+        # row in place (its checkpoint time is counted in the next step's perf/).
+        self.logger.log(self.step_idx, metrics)
         if self._due(self.cfg.trainer.save_freq):
             with self.timer.scope("checkpoint"):
                 self._checkpoint()
-        metrics.update(self.timer.pop())
-        self.logger.log(self.step_idx, metrics)
         return metrics
 
     # ------------------------------------------------------------------ stages
     def collect(self) -> tuple[CollectResult, dict[str, float]]:
-        """Play this step's groups with the current policy, then filter groups as configured.
+        """This step's groups, played by the current policy (or, with max_staleness k, by one at
+        most k versions older), filtered as configured.
 
         With DAPO's `filter_groups` and `max_num_gen_batches` > 1, further batches (fresh env
         seeds) are collected until the step has `batch_size / group_size` informative groups.
+        Failed episodes only drop their group, unless more than `rollout.max_failed_fraction` of
+        the step's episodes failed: then the env or agent is broken and training stops.
         """
         r, fg = self.cfg.rollout, self.cfg.algorithm.filter_groups
         n_groups = r.batch_size // r.group_size
         kept: list[list[Trajectory]] = []
-        errors: list[str] = []
-        dropped_failed = dropped_equal = 0
+        total = CollectResult([])
+        dropped_equal = stale = 0
         batches = max(1, fg.max_num_gen_batches) if fg.enable else 1
         for attempt in range(batches):
-            tasks = make_tasks(self.cfg.seed, self.step_idx + attempt * GEN_BATCH_STRIDE, n_groups, r.group_size,
-                               tags=self.train_tags)
-            # Group ids must stay distinct across generation batches: baselines are per group.
-            tasks = [replace(t, group_id=t.group_id + attempt * n_groups) for t in tasks]
-            result = self.collector.collect(tasks)
-            errors += result.errors
-            dropped_failed += result.dropped_groups
-            for group in _groups(result.trajectories):
-                if fg.enable and len({_group_metric(t, fg.metric) for t in group}) == 1:
-                    dropped_equal += 1
-                else:
-                    kept.append(group)
+            groups, result, n_stale = self._generate(attempt, n_groups)
+            total.absorb(result)
+            stale += n_stale
+            informative = [g for g in groups
+                           if not fg.enable or len({_group_metric(t, fg.metric) for t in g}) > 1]
+            dropped_equal += len(groups) - len(informative)
+            if self.stream is not None:
+                self.stream.replace(len(groups) - len(informative))
+            kept += informative
             if len(kept) >= n_groups:
                 break
-        if not kept and not fg.enable:
-            raise RuntimeError(f"step {self.step_idx}: every episode failed; first error: "
-                               f"{errors[0] if errors else 'unknown'}")
+        self._record_errors(total.errors)
+        if total.failed_episodes > r.max_failed_fraction * total.episodes:
+            raise RolloutError(
+                f"step {self.step_idx}: {total.failed_episodes} of {total.episodes} episodes failed every "
+                f"attempt (more than rollout.max_failed_fraction={r.max_failed_fraction}); first error: "
+                f"{total.errors[0]}; all errors are in {self.run_dir / ERRORS_NAME}")
         kept = kept[:n_groups]
         n_before_std = len(kept)
         if r.rollout_filter_ratio < 1.0 and kept:
@@ -171,12 +187,54 @@ class Trainer:
             stds = [float(torch.tensor([t.total_reward for t in g]).std()) if len(g) > 1 else 0.0 for g in kept]
             order = sorted(range(len(kept)), key=lambda i: -stds[i])[:k]
             kept = [kept[i] for i in sorted(order)]
+        total.trajectories = [t for g in kept for t in g]
         stats = {"rollout/gen_batches": float(attempt + 1),
                  "rollout/filtered_groups_equal": float(dropped_equal),
                  "rollout/filtered_groups_std": float(n_before_std - len(kept)),
-                 "rollout/kept_groups": float(len(kept))}
-        trajs = [t for g in kept for t in g]
-        return CollectResult(trajs, errors, dropped_failed), stats
+                 "rollout/kept_groups": float(len(kept)),
+                 "rollout/stale_dropped_groups": float(stale),
+                 **total.metrics(), **self._staleness(total.trajectories)}
+        return total, stats
+
+    def _generate(self, attempt: int, need: int) -> tuple[list[list[Trajectory]], CollectResult, int]:
+        """One generation batch: its complete groups, its counts, and how many groups were too stale.
+
+        On-policy, a fresh batch of the step's tasks; with a stream, the first `need` groups to
+        finish (older ones beyond the staleness bound are dropped by the stream).
+        """
+        if self.stream is None:
+            n_groups = self.cfg.rollout.batch_size // self.cfg.rollout.group_size
+            tasks = make_tasks(self.cfg.seed, self.step_idx + attempt * GEN_BATCH_STRIDE, n_groups,
+                               self.cfg.rollout.group_size, tags=self.train_tags)
+            # Group ids must stay distinct across generation batches: baselines are per group.
+            tasks = [replace(t, group_id=t.group_id + attempt * n_groups) for t in tasks]
+            result = self.collector.collect(tasks)
+            return _groups(result.trajectories), result, 0
+        ready, stale = self.stream.take(need, self.version)
+        result = CollectResult([])
+        for group in ready:
+            result.absorb(group.result)
+        return [g.trajectories for g in ready if not g.failed], result, stale
+
+    def _staleness(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """How many versions behind the trained policy each generated id is (never above max_staleness)."""
+        lags = [self.version - v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m]
+        if not lags:
+            return {}
+        worst = max(lags)
+        allowed = self.cfg.rollout.max_staleness if self.cfg.rollout.stale_samples == "correct" else 0
+        assert worst <= allowed, f"step {self.step_idx}: a sample is {worst} versions stale (bound {allowed})"
+        return {"rollout/staleness_mean": sum(lags) / len(lags), "rollout/staleness_max": float(worst)}
+
+    def _group_tasks(self, index: int) -> list[Task]:
+        """The tasks of group `index` of the task source: the same env seeds as on-policy step
+        index // G + 1 plays, so both modes train on one sequence of tasks."""
+        r = self.cfg.rollout
+        n_groups = r.batch_size // r.group_size
+        step, g = divmod(index, n_groups)
+        tasks = make_tasks(self.cfg.seed, step + 1, n_groups, r.group_size,
+                           tags=self.train_tags)[g * r.group_size:(g + 1) * r.group_size]
+        return [replace(t, group_id=index) for t in tasks]
 
     def score(self, batch: Batch) -> None:
         """Recompute logprobs under the current (proximal) policy, the reference and the critic."""
@@ -205,14 +263,19 @@ class Trainer:
 
     def sync(self) -> None:
         """Push the updated weights to the engine, so the next rollouts use them."""
-        self.engine.load_weights({k: v.detach() for k, v in self.actor.model.state_dict().items()})
+        weights = {k: v.detach() for k, v in self.actor.model.state_dict().items()}
+        if self.stream is None:
+            self.version = self.engine.load_weights(weights)
+        else:
+            self.version = self.stream.load_weights(weights)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on held-out env seeds."""
         n = self.cfg.trainer.eval_episodes
         tasks = make_tasks(self.cfg.seed, EVAL_STEP, n, 1, greedy=True, seed_base=EVAL_SEED_BASE,
                            tags=self.val_tags)
-        result = self.collector.collect(tasks)
+        # With a stream the engine belongs to its thread: evaluation runs there too.
+        result = self.collector.collect(tasks) if self.stream is None else self.stream.run(self.collector.acollect(tasks))
         trajs = result.trajectories
         out = {
             "eval/success": _mean([float(t.info.get("success", False)) for t in trajs]),
@@ -233,6 +296,31 @@ class Trainer:
         self._write_samples(trajs[:2])
         return out
 
+    def _start_stream(self) -> None:
+        """Start the background rollout when training may use samples of older policies."""
+        r = self.cfg.rollout
+        if r.max_staleness == 0 or self.step_idx >= self.cfg.trainer.total_steps:
+            return
+        self.stream = RolloutStream(self.collector, self._group_tasks, r.batch_size // r.group_size,
+                                    r.max_staleness, version=self.version, consumed=self._stream_state,
+                                    accept_stale=r.stale_samples == "correct")
+        self.stream.start()
+
+    def _on_engine(self, fn: Callable[[], Any]) -> Any:
+        """Call `fn` where the engine lives: here, or on the stream's thread."""
+        return fn() if self.stream is None else self.stream.call(fn)
+
+    def _record_errors(self, errors: list[str]) -> None:
+        """Append this step's failed attempts to errors.jsonl (the run keeps going without them)."""
+        import json
+
+        if not errors:
+            return
+        with open(self.run_dir / ERRORS_NAME, "a") as f:
+            for e in errors:
+                kind, _, message = e.partition(": ")
+                f.write(json.dumps({"step": self.step_idx, "kind": kind, "error": message}) + "\n")
+
     def _write_samples(self, trajs: list[Trajectory]) -> None:
         """Append a few decoded eval episodes to samples.jsonl, for people to read."""
         import json
@@ -245,8 +333,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self) -> None:
-        state = {"policy_version": self.engine.policy_version, "rng": rng_state(),
-                 "engine_rng": self.engine._seed_rng.getstate(), "summary": dict(self.summary),
+        state = {"policy_version": self.version, "rng": rng_state(),
+                 "engine_rng": self._on_engine(self.engine._seed_rng.getstate), "summary": dict(self.summary),
+                 "stream": self.stream.state() if self.stream is not None else None,
                  "kl_coef": self.kl_ctrl.value,
                  "critic": self.critic.state_dict() if self.critic is not None else None}
         save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
@@ -269,7 +358,8 @@ class Trainer:
             self.critic.load_state_dict(state["critic"])
         set_rng_state(state["rng"])
         self.sync()
-        self.engine.policy_version = int(state["policy_version"])
+        self.engine.policy_version = self.version = int(state["policy_version"])
+        self._stream_state = state.get("stream")
         self.engine._seed_rng.setstate(state["engine_rng"])
 
     def _per_tag_summary(self, evaluation: dict[str, float], when: str) -> dict[str, float]:
@@ -308,8 +398,6 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
         "rollout/response_tokens": _mean([t.num_generated for t in trajs]),
         "rollout/sequence_tokens": _mean([len(t.token_ids) for t in trajs]),
         "rollout/episodes": float(len(trajs)),
-        "rollout/errors": float(len(result.errors)),
-        "rollout/dropped_groups": float(result.dropped_groups),
         **truncation_metrics(trajs),
         "policy/logprob_diff_mean": float(masked_mean(diff, mask)),
         "policy/logprob_diff_max": float(diff.max()),

@@ -1,0 +1,231 @@
+"""Asynchronous rollout: groups are played in a background thread, ahead of training, within a
+staleness bound (AReaL's asynchronous RL, in one process).
+
+The engine, the collector and their event loop live in a thread of their own; the trainer
+takes finished groups from it and pushes new weights to it. Three rules keep it safe:
+
+- **Staleness bound.** Group n (the n-th group of the task source) may start only when
+  `n < (v + k + 1) * G + replaced`, where v is the policy version the engine holds, k is
+  `max_staleness`, G the groups per step and `replaced` the groups dropped so far as too stale
+  or filtered out, whose places others take (a failed group keeps its place, as on-policy). A step trained at version v takes only groups
+  whose oldest generated id has version >= v - k; older ones are dropped (counted as stale), so
+  no sample used at step t comes from a policy older than t - k, even for an episode that spans
+  a weight update (every generated id carries the version that produced it).
+- **Streaming.** A step takes the first complete groups to arrive; long-tail episodes keep
+  going and serve a later step, within the bound.
+- **Weights between decode steps.** `load_weights` hands the new state to the loop thread,
+  where the engine applies it between two of its steps; episodes in flight continue with it.
+
+Resume rule: the checkpoint records which groups were consumed (a watermark plus the consumed
+indices above it). A resumed run starts a fresh stream that skips those and regenerates every
+other group from its task-source position with the restored policy: in-flight and ready groups
+are not saved, they are played again (so k >= 1 keeps its invariants across a resume but does
+not replay the exact same samples; k = 0 does not use this class and resumes exactly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.rollout.collector import CollectResult, RolloutCollector
+from agentrl.rollout.trajectory import Task, Trajectory
+
+
+@dataclass
+class ReadyGroup:
+    """One finished group, as it came out of the collector."""
+
+    index: int  # position in the task source
+    trajectories: list[Trajectory]  # empty when the group was dropped for failures
+    result: CollectResult  # counts and errors of the group's collection
+    min_version: int  # oldest policy version among the group's generated ids
+
+    @property
+    def failed(self) -> bool:
+        """True when an episode ran out of retries (the group cannot be trained on)."""
+        return not self.trajectories
+
+
+def min_version(trajectories: list[Trajectory]) -> int:
+    """The oldest policy version that produced any generated id of the trajectories."""
+    versions = [v for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m]
+    return min(versions) if versions else -1
+
+
+class RolloutStream:
+    """Plays groups in a background event-loop thread and hands finished ones to the trainer."""
+
+    def __init__(self, collector: RolloutCollector, group_tasks: Callable[[int], list[Task]],
+                 groups_per_step: int, max_staleness: int, version: int = 0,
+                 consumed: dict[str, Any] | None = None, accept_stale: bool = True) -> None:
+        self.collector = collector
+        self.group_tasks = group_tasks
+        self.G = groups_per_step
+        self.k = max_staleness
+        # How far behind a taken group may be: k, or 0 when stale samples are dropped (they are
+        # still generated ahead, and wasted, for runs that must stay strictly on-policy).
+        self.max_lag = max_staleness if accept_stale else 0
+        self.version = version  # policy version the engine holds (the loop thread's view)
+        state = consumed or {"watermark": 0, "above": [], "replaced": 0}
+        self._watermark = int(state["watermark"])  # every group below it was consumed
+        self._consumed_above = set(state["above"])
+        self._next = self._watermark
+        self._replaced = int(state["replaced"])
+        self._started = 0
+        self._ready: list[ReadyGroup] = []
+        self._cond = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._wake: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._thread = threading.Thread(target=self._run_loop, name="agentrl-rollout", daemon=True)
+        self._error: BaseException | None = None
+
+    # ------------------------------------------------------------------ trainer side
+    def start(self) -> None:
+        """Start the loop thread and the feeder."""
+        self._thread.start()
+        self.call(self._start_feeder)
+
+    def take(self, n: int, version: int) -> tuple[list[ReadyGroup], int]:
+        """Block until `n` groups are ready for a step trained at `version`; return them and the
+        number dropped on the way as too stale (their places go to new groups).
+
+        A group that failed counts as one of the `n`, as it does on-policy: the step trains on
+        fewer groups rather than waiting for replacements of a broken env.
+        """
+        taken: list[ReadyGroup] = []
+        stale = 0
+        with self._cond:
+            while len(taken) < n:
+                while not self._ready:
+                    if self._error is not None:
+                        raise self._error
+                    self._cond.wait(timeout=1.0)
+                group = self._ready.pop(0)
+                self._mark_consumed(group.index)
+                if not group.failed and group.min_version < version - self.max_lag:
+                    stale += 1
+                    self._replace(1)
+                else:
+                    taken.append(group)
+        return taken, stale
+
+    def replace(self, n: int) -> None:
+        """Let `n` more groups start in place of taken ones the trainer filtered out."""
+        with self._cond:
+            self._replace(n)
+
+    def load_weights(self, state_dict: dict) -> int:
+        """Hand new weights to the engine; they apply between two of its steps (this blocks until
+        then, so the caller may change its tensors afterwards); returns the new version."""
+        def apply() -> int:
+            self.version = self.collector.llm.load_weights(state_dict)
+            self._poke()
+            return self.version
+        return self.call(apply)
+
+    def run(self, coro: Coroutine) -> Any:
+        """Run a coroutine on the loop thread (e.g. an evaluation) and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the loop thread, between two event-loop steps, and return its result."""
+        async def wrapper() -> Any:
+            return fn()
+        return self.run(wrapper())
+
+    def state(self) -> dict[str, Any]:
+        """The task-source position, for checkpoints: the groups below `watermark` and those in
+        `above` were consumed; `replaced` counts the places dropped groups handed on."""
+        with self._cond:
+            return {"watermark": self._watermark, "above": sorted(self._consumed_above),
+                    "replaced": self._replaced}
+
+    def counts(self) -> dict[str, int]:
+        """Groups started (since this stream began) and finished but not yet taken."""
+        with self._cond:
+            return {"started": self._started, "ready": len(self._ready)}
+
+    def close(self) -> None:
+        """Cancel what is in flight and stop the thread."""
+        if not self._thread.is_alive():
+            return
+        async def cancel_all() -> None:
+            for t in list(self._tasks):
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.run(cancel_all())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    # ------------------------------------------------------------------ loop side
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def _start_feeder(self) -> None:
+        self._wake = asyncio.Event()
+        self._spawn(self._feed())
+
+    def _spawn(self, coro: Coroutine) -> None:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _feed(self) -> None:
+        """Start every group the staleness bound allows; sleep until it allows more."""
+        try:
+            while True:
+                with self._cond:
+                    limit = (self.version + self.k + 1) * self.G + self._replaced
+                    starts = []
+                    while self._next < limit:
+                        if self._next not in self._consumed_above:
+                            starts.append(self._next)
+                        self._next += 1
+                    self._started += len(starts)
+                for n in starts:
+                    self._spawn(self._play(n))
+                await self._wake.wait()
+                self._wake.clear()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # surface in the trainer thread rather than hang it
+            self._fail(e)
+
+    async def _play(self, n: int) -> None:
+        try:
+            result = await self.collector.acollect(self.group_tasks(n))
+            group = ReadyGroup(n, result.trajectories, result, min_version(result.trajectories))
+            with self._cond:
+                self._ready.append(group)
+                self._cond.notify_all()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        with self._cond:
+            self._error = e
+            self._cond.notify_all()
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # ------------------------------------------------------------------ bookkeeping (under _cond)
+    def _replace(self, n: int) -> None:
+        self._replaced += n
+        self._loop.call_soon_threadsafe(self._poke)
+
+    def _mark_consumed(self, index: int) -> None:
+        self._consumed_above.add(index)
+        while self._watermark in self._consumed_above:
+            self._consumed_above.discard(self._watermark)
+            self._watermark += 1

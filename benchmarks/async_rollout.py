@@ -1,0 +1,188 @@
+"""Asynchronous rollout against lockstep rollout, on a multi-turn workload with tool-like latency.
+
+Every episode talks to an env whose replies take a long-tailed time (mostly tens of
+milliseconds, now and then seconds, as a tool call or a remote sandbox does) and whose length
+varies (2 to 8 turns). Per training step (real rollouts with the tiny model through the local
+engine, then a real PPO update) we time:
+
+  (a) lockstep   all episodes advance turn by turn together: one batched generate per turn,
+                 then every env step, waiting for the slowest (the verl-style seed's
+                 SyncMultiTurnRollout);
+  (b) k=0        our collector, on-policy: each episode runs at its own pace;
+  (c) k=1, k=2   our collector with asynchronous rollout (rollout.max_staleness=k).
+
+For each we report wall seconds per step, the fraction of that time the engine computes, and
+the lower bound max(engine time per step, the step's longest env time) (env latencies depend
+only on the env seed, so every mode waits for the same envs). The last line is a JSON summary:
+`speedup_vs_lockstep` = (a) / (b), `ratio_to_lower_bound` = the best (c) / its lower bound.
+
+    python benchmarks/async_rollout.py              # full run (a few minutes on 2 CPU cores)
+    python benchmarks/async_rollout.py --quick      # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from agentrl.config import load_config
+from agentrl.llm.conversation import Conversation
+from agentrl.metrics import read_jsonl
+from agentrl.registry import register_env
+from agentrl.rollout.collector import CollectResult, make_tasks
+from agentrl.rollout.trajectory import Task, Trajectory
+from agentrl.runtime.local import build_trainer
+
+
+class ToolEnv:
+    """An env whose step takes a long-tailed time; the episode lasts 2-8 turns, set by the seed."""
+
+    instructions = "Call the tool: answer <answer>call</answer>."
+
+    def __init__(self, short: float = 0.05, long: float = 2.0, long_prob: float = 0.05) -> None:
+        self.short, self.long, self.long_prob = short, long, long_prob
+        self.plan: list[float] = []
+        self.turn = 0
+
+    def latencies(self, seed: int) -> list[float]:
+        """The step latencies of the episode with env seed `seed`."""
+        rng = random.Random(seed)
+        n = rng.randint(2, 8)
+        return [self.long * (0.5 + rng.random()) if rng.random() < self.long_prob
+                else self.short * (0.2 + 1.6 * rng.random()) for _ in range(n)]
+
+    async def reset(self, seed=None, options=None):
+        self.plan, self.turn = self.latencies(seed or 0), 0
+        return f"Tool ready. {len(self.plan)} calls to make.", {}
+
+    async def step(self, action: str):
+        await asyncio.sleep(self.plan[self.turn])
+        self.turn += 1
+        done = self.turn >= len(self.plan)
+        reward = float("call" in action)
+        return f"Result {self.turn}.", reward, done, False, {"success": True} if done else {}
+
+    def sample_action(self, rng: random.Random) -> str:
+        return "<answer>call</answer>"
+
+    def close(self) -> None:
+        pass
+
+
+register_env("tool_latency", ToolEnv, overwrite=True)
+
+
+class LockstepCollector:
+    """All episodes of a step advance turn by turn together (the seed's SyncMultiTurnRollout)."""
+
+    def __init__(self, collector) -> None:
+        self.inner = collector
+        self.agent, self.llm = collector.agent, collector.llm
+
+    def collect(self, tasks: list[Task]) -> CollectResult:
+        """Play `tasks` in lockstep."""
+        return asyncio.run(self.acollect(tasks))
+
+    async def acollect(self, tasks: list[Task]) -> CollectResult:
+        """Async form of `collect`."""
+        envs = [self.inner.env_factory() for _ in tasks]
+        firsts = await asyncio.gather(*(e.reset(seed=t.env_seed) for e, t in zip(envs, tasks)))
+        convs = []
+        for env, (obs, _) in zip(envs, firsts):
+            conv = Conversation(self.agent.tokenizer)
+            conv.add_message("user", f"{env.instructions}\n{obs}")
+            convs.append(conv)
+        live = list(range(len(tasks)))
+        done_info: dict[int, dict] = {}
+        for turn in range(self.agent.max_turns):
+            comps = await asyncio.gather(*(self.llm.generate(convs[i].prompt_ids(),
+                                                             self.agent._sampling(tasks[i], turn)) for i in live))
+            replies = [convs[i].add_completion(c, self.agent.eos_token_ids) for i, c in zip(live, comps)]
+            outs = await asyncio.gather(*(envs[i].step(r) for i, r in zip(live, replies)))
+            still = []
+            for i, (obs, reward, term, trunc, info) in zip(live, outs):
+                convs[i].set_turn_reward(reward)
+                if term or trunc:
+                    done_info[i] = {**info, "terminated": term}
+                else:
+                    convs[i].add_message("user", obs)
+                    still.append(i)
+            live = still
+            if not live:
+                break
+        trajs = [Trajectory(c.token_ids, c.loss_mask, c.logprobs, c.versions, c.rewards, c.reward_positions,
+                            t.group_id, t.env_seed, {"success": bool(done_info.get(i, {}).get("success"))})
+                 for i, (c, t) in enumerate(zip(convs, tasks))]
+        return CollectResult(trajs, episodes=len(tasks))
+
+
+def run_mode(name: str, overrides: list[str], steps: int, workdir: Path, cache: Path) -> dict:
+    """Train `steps` steps in one mode; per-step wall, engine and lower-bound seconds."""
+    cfg = load_config(None, [*overrides, f"run_dir={workdir / name}", f"model.cache_dir={cache}"])
+    trainer = build_trainer(cfg, workdir / name, log=lambda m: None)
+    if name == "lockstep":
+        trainer.collector = LockstepCollector(trainer.collector)
+    trainer.fit()
+    rows = [r for r in read_jsonl(workdir / name / "metrics.jsonl") if "perf/step_seconds" in r][1:]
+    wall = statistics.mean(r["perf/step_seconds"] for r in rows)
+    engine = statistics.mean(_engine_seconds(r) for r in rows)
+    env = ToolEnv(**cfg.env.args)
+    groups = cfg.rollout.batch_size // cfg.rollout.group_size
+    longest_env = statistics.mean(
+        max(sum(env.latencies(t.env_seed)) for t in make_tasks(cfg.seed, r["step"], groups, cfg.rollout.group_size))
+        for r in rows)
+    return {"mode": name, "step_seconds": wall, "engine_seconds": engine, "engine_busy": engine / wall,
+            "longest_env_seconds": longest_env, "lower_bound": max(engine, longest_env),
+            "update_seconds": statistics.mean(r.get("perf/time_update", 0.0) for r in rows)}
+
+
+def _engine_seconds(row: dict) -> float:
+    if "perf/engine_busy_seconds" in row:
+        return row["perf/engine_busy_seconds"]
+    rate = row.get("perf/engine_tokens_per_s", 0.0)
+    return row.get("perf/engine_generated_tokens", 0.0) / rate if rate else 0.0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run every mode and print the table and the JSON summary."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=6, help="training steps per mode (the first is not timed)")
+    p.add_argument("--quick", action="store_true", help="tiny budget, for a smoke run")
+    args = p.parse_args(argv)
+    steps = 2 if args.quick else args.steps
+    base = ["env.type=tool_latency", "env.max_turns=8", "rollout.batch_size=32", "rollout.group_size=4",
+            "rollout.max_new_tokens=8", "actor.ppo_mini_batch_size=32", "actor.micro_batch_size=16",
+            f"trainer.total_steps={steps}", "trainer.test_freq=0", "trainer.save_freq=0",
+            "trainer.eval_episodes=1", "trainer.progress=false", "trainer.logger=[jsonl]",
+            "model.warm_start.max_steps=1"]
+    if args.quick:
+        base += ["rollout.batch_size=8", "actor.ppo_mini_batch_size=8", "actor.micro_batch_size=8",
+                 "env.args.long=0.3"]
+    modes = {"lockstep": [], "k=0": [], "k=1": ["rollout.max_staleness=1"], "k=2": ["rollout.max_staleness=2"]}
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name, extra in modes.items():
+            results.append(run_mode(name, [*base, *extra], steps, work, work / "cache"))
+            r = results[-1]
+            print(f"{name:9s} step {r['step_seconds']:6.2f} s  engine {r['engine_seconds']:5.2f} s "
+                  f"({r['engine_busy']:4.0%} busy)  longest env {r['longest_env_seconds']:5.2f} s  "
+                  f"update {r['update_seconds']:5.2f} s  lower bound {r['lower_bound']:5.2f} s", flush=True)
+    by = {r["mode"]: r for r in results}
+    best = min((by["k=1"], by["k=2"]), key=lambda r: r["step_seconds"])
+    summary = {"speedup_vs_lockstep": by["lockstep"]["step_seconds"] / by["k=0"]["step_seconds"],
+               "ratio_to_lower_bound": best["step_seconds"] / best["lower_bound"],
+               "best_async": best["mode"],
+               **{f"step_seconds_{r['mode']}": round(r["step_seconds"], 3) for r in results}}
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

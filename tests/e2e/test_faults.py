@@ -1,0 +1,99 @@
+"""Training goes on through envs that raise and hang; only a broken step stops it, with a clear error."""
+
+import asyncio
+import random
+
+import pytest
+
+from agentrl.config import load_config
+from agentrl.envs.frozen_lake import FrozenLakeEnv
+from agentrl.errors import RolloutError
+from agentrl.metrics import read_jsonl
+from agentrl.registry import register_env
+from agentrl.runtime.envs import make_env_factories
+from agentrl.runtime.local import cache_root, load_policy, tiny_cache_key, train
+
+from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
+
+
+class FlakyLake:
+    """FrozenLake whose steps raise with `raise_prob` and hang forever with `hang_prob`.
+
+    Faults are drawn from a stream seeded by the instance number, so a run is reproducible.
+    """
+
+    created = 0
+
+    def __init__(self, raise_prob: float = 0.0, hang_prob: float = 0.0, **lake_args) -> None:
+        self.lake = FrozenLakeEnv(**lake_args)
+        self.instructions = self.lake.instructions
+        self.raise_prob, self.hang_prob = raise_prob, hang_prob
+        self.rng = random.Random(FlakyLake.created)
+        FlakyLake.created += 1
+
+    async def reset(self, seed=None, options=None):
+        return await self.lake.reset(seed=seed, options=options)
+
+    async def step(self, action):
+        u = self.rng.random()
+        if u < self.raise_prob:
+            raise RuntimeError("the lake cracked")
+        if u < self.raise_prob + self.hang_prob:
+            await asyncio.sleep(3600)
+        return await self.lake.step(action)
+
+    def sample_action(self, rng):
+        return self.lake.sample_action(rng)
+
+    def close(self):
+        self.lake.close()
+
+
+register_env("flaky_lake", FlakyLake, overwrite=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    """A warm-started tiny model for FrozenLake, loaded by the flaky runs through model.path."""
+    cache = tmp_path_factory.mktemp("model_cache")
+    cfg = load_config("configs/frozen_lake.yaml", [*TINY, f"model.cache_dir={cache}"])
+    load_policy(cfg, make_env_factories(cfg), log=lambda m: None)
+    return cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
+
+
+def _flaky_cfg(tmp_path, tiny_path, *extra):
+    return load_config("configs/frozen_lake.yaml", [
+        *TINY, f"model.path={tiny_path}", f"run_dir={tmp_path}", "env.type=flaky_lake",
+        "rollout.batch_size=8", "rollout.group_size=2", "actor.ppo_mini_batch_size=8", "trainer.total_steps=3",
+        *extra])
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_training_goes_on_through_raising_and_hanging_envs(tmp_path, tiny_path, k):
+    FlakyLake.created = 0
+    cfg = _flaky_cfg(tmp_path, tiny_path, "env.args.raise_prob=0.1", "env.args.hang_prob=0.05",
+                     "rollout.episode_timeout=5.0", "rollout.max_retries=1", "rollout.max_failed_fraction=1.0",
+                     f"rollout.max_staleness={k}")
+    summary = train(cfg, log=lambda m: None)
+    assert summary["steps"] == 3
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "rollout/kept_groups" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sum(r["rollout/failures_env"] for r in rows) > 0
+    assert sum(r["rollout/failures_timeout"] for r in rows) > 0
+    assert sum(r["rollout/dropped_groups"] for r in rows) > 0
+    assert sum(r["rollout/retries"] for r in rows) > 0
+    for r in rows:  # no partial group is ever trained on
+        assert r.get("rollout/episodes", 0.0) == r["rollout/kept_groups"] * 2
+        assert r["rollout/kept_groups"] == 4 - r["rollout/dropped_groups"]
+    errors = read_jsonl(tmp_path / "errors.jsonl")
+    assert {e["kind"] for e in errors} == {"env", "timeout"}
+    assert all("the lake cracked" in e["error"] for e in errors if e["kind"] == "env")
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_step_where_most_episodes_fail_stops_training_with_a_clear_error(tmp_path, tiny_path, k):
+    cfg = _flaky_cfg(tmp_path, tiny_path, "env.args.raise_prob=1.0", "rollout.max_retries=1",
+                     "rollout.max_failed_fraction=0.5", f"rollout.max_staleness={k}")
+    with pytest.raises(RolloutError, match=r"step 1: 8 of 8 episodes failed every attempt \(more than "
+                                           r"rollout.max_failed_fraction=0.5\); first error: env: .*the lake cracked"):
+        train(cfg, log=lambda m: None)

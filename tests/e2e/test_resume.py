@@ -1,0 +1,92 @@
+"""Exact resume: a run killed with SIGKILL (mid-step or mid-checkpoint) and resumed with
+`agentrl resume` ends with the same metrics and the same weights as a run never stopped."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentrl.metrics import read_jsonl
+from agentrl.train.checkpoint import latest_checkpoint, load_state
+
+from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
+
+ROOT = Path(__file__).parents[2]
+STEPS = 4
+# Runs the real CLI in a process that SIGKILLs itself at a chosen point: during the actor update
+# of step N ("update N"), or while writing the optimizer state of checkpoint N ("checkpoint N").
+KILLER = """
+import os, signal, sys, torch
+from agentrl.cli import main
+from agentrl.train.actor import Actor
+where, n = sys.argv[1], int(sys.argv[2])
+update, save, calls = Actor.update, torch.save, [0]
+def killing_update(self, batch):
+    calls[0] += 1
+    if where == "update" and calls[0] == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return update(self, batch)
+def killing_save(obj, f, *a, **k):
+    if where == "checkpoint" and str(f).endswith(f".tmp_step_{n:06d}/optimizer.pt"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return save(obj, f, *a, **k)
+Actor.update, torch.save = killing_update, killing_save
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def _args(run: Path, cache: Path) -> list[str]:
+    return ["configs/frozen_lake.yaml", *TINY, f"run_dir={run}", f"model.cache_dir={cache}",
+            f"trainer.total_steps={STEPS}", "trainer.save_freq=1", "trainer.max_checkpoints=3"]
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def _rows(run: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in read_jsonl(run / "metrics.jsonl")]
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(latest_checkpoint(run / "checkpoints") / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """A run never stopped, and the model cache every run here shares."""
+    cache = tmp_path_factory.mktemp("model_cache")
+    run = tmp_path_factory.mktemp("straight")
+    res = _run("-m", "agentrl.cli", "train", *_args(run, cache))
+    assert res.returncode == 0, res.stderr[-2000:]
+    return run, cache
+
+
+@pytest.mark.parametrize("where, n, resumes_from", [("update", 3, 2), ("checkpoint", 2, 1)])
+def test_killed_run_resumes_exactly(tmp_path, straight, where, n, resumes_from):
+    ref, cache = straight
+    run = tmp_path / "run"
+    res = _run("-c", KILLER, where, str(n), "train", *_args(run, cache))
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    ckpt = latest_checkpoint(run / "checkpoints")
+    assert ckpt.name == f"step_{resumes_from:06d}"  # a half-written checkpoint never counts
+    assert load_state(ckpt)["step"] == resumes_from
+    res = _run("-m", "agentrl.cli", "resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert _rows(run) == _rows(ref)
+    mine, theirs = _weights(run), _weights(ref)
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+    assert not list((run / "checkpoints").glob(".tmp_*"))  # the torn write was cleared
+
+
+def test_resume_of_a_folder_that_is_not_a_run_is_one_line(tmp_path):
+    res = _run("-m", "agentrl.cli", "resume", str(tmp_path))
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "not a run folder" in res.stderr
+    assert os.listdir(tmp_path) == []

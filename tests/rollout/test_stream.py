@@ -1,0 +1,104 @@
+"""The background rollout stream: admission within the staleness bound, stale groups dropped,
+weights applied between engine steps, the task-source position kept for resume."""
+
+import time
+
+import pytest
+
+from agentrl.agents.chat import ChatAgent
+from agentrl.envs.frozen_lake import FrozenLakeEnv
+from agentrl.llm.engine import SamplingParams
+from agentrl.llm.local import LocalEngine
+from agentrl.rollout.collector import RolloutCollector, make_tasks
+from agentrl.rollout.stream import RolloutStream
+
+G, GROUP_SIZE = 2, 2
+
+
+def _group_tasks(index):
+    step, g = divmod(index, G)
+    tasks = make_tasks(0, step + 1, G, GROUP_SIZE)[g * GROUP_SIZE:(g + 1) * GROUP_SIZE]
+    for t in tasks:
+        t.group_id = index
+    return tasks
+
+
+def _stream(model, tok, k, **kw):
+    engine = LocalEngine(model, eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id, seed=0)
+    agent = ChatAgent(tok, SamplingParams(max_new_tokens=4), max_turns=2)
+    collector = RolloutCollector.single(lambda: FrozenLakeEnv(max_steps=2), agent, engine)
+    return RolloutStream(collector, _group_tasks, G, k, **kw)
+
+
+def _wait_ready(stream, n):
+    deadline = time.monotonic() + 120
+    while stream.counts()["ready"] < n:
+        assert time.monotonic() < deadline, f"stream never had {n} ready groups: {stream.counts()}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_no_more_groups_start_than_the_bound_allows(tiny_model, tiny_tokenizer, k):
+    stream = _stream(tiny_model, tiny_tokenizer, k)
+    stream.start()
+    try:
+        _wait_ready(stream, (k + 1) * G)  # versions 0..k may all be played by policy 0
+        assert stream.counts() == {"started": (k + 1) * G, "ready": (k + 1) * G}
+        groups, stale = stream.take(G, version=0)
+        assert stale == 0 and len(groups) == G and all(g.min_version == 0 for g in groups)
+        assert stream.counts()["started"] == (k + 1) * G  # taking alone frees no place: an update does
+        assert stream.load_weights(tiny_model.state_dict()) == 1
+        _wait_ready(stream, k * G + G)
+        assert stream.counts()["started"] == (k + 2) * G
+    finally:
+        stream.close()
+
+
+def test_groups_beyond_the_bound_are_dropped_and_replaced(tiny_model, tiny_tokenizer):
+    stream = _stream(tiny_model, tiny_tokenizer, 1)
+    stream.start()
+    try:
+        _wait_ready(stream, 2 * G)  # all played by policy 0
+        weights = tiny_model.state_dict()
+        stream.load_weights(weights)
+        assert stream.load_weights(weights) == 2
+        groups, stale = stream.take(G, version=2)  # policy 0 is now 2 versions behind
+        assert stale == 2 * G
+        assert len(groups) == G and all(g.min_version >= 1 for g in groups)
+        assert all(v >= 1 for g in groups for t in g.trajectories for v, m in zip(t.versions, t.loss_mask) if m)
+    finally:
+        stream.close()
+
+
+def test_drop_mode_takes_only_groups_of_the_current_policy(tiny_model, tiny_tokenizer):
+    stream = _stream(tiny_model, tiny_tokenizer, 1, accept_stale=False)
+    stream.start()
+    try:
+        _wait_ready(stream, 2 * G)
+        stream.take(G, version=0)
+        stream.load_weights(tiny_model.state_dict())
+        groups, stale = stream.take(G, version=1)
+        assert stale == G and all(g.min_version == 1 for g in groups)
+    finally:
+        stream.close()
+
+
+def test_consumed_groups_are_skipped_by_a_resumed_stream(tiny_model, tiny_tokenizer):
+    stream = _stream(tiny_model, tiny_tokenizer, 1)
+    stream.start()
+    try:
+        groups, _ = stream.take(3, version=0)
+        state = stream.state()
+    finally:
+        stream.close()
+    taken = {g.index for g in groups}
+    assert len(taken) == 3
+    assert set(range(state["watermark"])) | set(state["above"]) == taken
+    resumed = _stream(tiny_model, tiny_tokenizer, 1, consumed=state)
+    resumed.start()
+    try:
+        again, _ = resumed.take(2 * G - 3, version=0)
+    finally:
+        resumed.close()
+    assert not taken & {g.index for g in again}
+    assert {g.index for g in again} <= set(range(2 * G))  # the places left within the bound
