@@ -31,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agentrl.agents.chat import turn_sampling
 from agentrl.config import load_config
 from agentrl.llm.conversation import Conversation
 from agentrl.metrics import read_jsonl
@@ -82,8 +83,8 @@ class LockstepCollector:
     """All episodes of a step advance turn by turn together (the seed's SyncMultiTurnRollout)."""
 
     def __init__(self, collector) -> None:
-        self.inner = collector
-        self.agent, self.llm = collector.agent, collector.llm
+        (spec,) = collector.tags.values()  # the benchmark runs one env
+        self.env_factory, self.agent, self.llm = spec.env_factory, spec.agent, collector.llm
 
     def collect(self, tasks: list[Task]) -> CollectResult:
         """Play `tasks` in lockstep."""
@@ -91,7 +92,7 @@ class LockstepCollector:
 
     async def acollect(self, tasks: list[Task]) -> CollectResult:
         """Async form of `collect`."""
-        envs = [self.inner.env_factory() for _ in tasks]
+        envs = [self.env_factory() for _ in tasks]
         firsts = await asyncio.gather(*(e.reset(seed=t.env_seed) for e, t in zip(envs, tasks)))
         convs = []
         for env, (obs, _) in zip(envs, firsts):
@@ -102,7 +103,8 @@ class LockstepCollector:
         done_info: dict[int, dict] = {}
         for turn in range(self.agent.max_turns):
             comps = await asyncio.gather(*(self.llm.generate(convs[i].prompt_ids(),
-                                                             self.agent._sampling(tasks[i], turn)) for i in live))
+                                                             turn_sampling(self.agent.sampling, tasks[i], turn))
+                                           for i in live))
             replies = [convs[i].add_completion(c, self.agent.eos_token_ids) for i, c in zip(live, comps)]
             outs = await asyncio.gather(*(envs[i].step(r) for i, r in zip(live, replies)))
             still = []
