@@ -18,6 +18,7 @@ import torch
 import agentrl.agents.chat  # noqa: F401  (importing the built-ins registers them)
 import agentrl.algos.advantages  # noqa: F401
 import agentrl.envs.frozen_lake  # noqa: F401
+import agentrl.envs.sokoban  # noqa: F401
 from agentrl.config import Config, save_config, to_dict
 from agentrl.errors import ConfigError, RegistryError
 from agentrl.llm.engine import SamplingParams

@@ -24,7 +24,7 @@ from agentrl.algos.advantages import compute_advantages
 from agentrl.algos.kl_control import KLController
 from agentrl.algos.losses import kl_penalty, masked_mean
 from agentrl.config import Config
-from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
+from agentrl.metrics import MetricsLogger, Timer, mean_metrics, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, RolloutCollector, make_tasks
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.train.actor import Actor
@@ -215,6 +215,8 @@ class Trainer:
         optimal = [t.info["optimal_success"] for t in trajs if "optimal_success" in t.info]
         if optimal:
             out["eval/optimal_success"] = _mean(optimal)
+        for key, value in env_metrics(trajs).items():
+            out.setdefault(f"eval/{key}", value)
         if self.eval_baselines is not None:
             out.update({f"eval/baseline_{k}": v for k, v in self.eval_baselines(trajs).items()})
         self._write_samples(trajs[:2])
@@ -269,7 +271,8 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
     rewards = torch.tensor([t.total_reward for t in trajs])
     mask = batch.loss_mask
     diff = (batch.behaviour_logprobs - batch.old_logprobs).abs() * mask
-    return {
+    env = {f"rollout/{key}": value for key, value in env_metrics(trajs).items()}
+    return env | {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0,
         "reward/max": float(rewards.max()),
@@ -286,6 +289,14 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
         "policy/logprob_diff_mean": float(masked_mean(diff, mask)),
         "policy/logprob_diff_max": float(diff.max()),
     }
+
+
+def env_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Mean of each numeric `info["metrics"][key]` over the trajectories that report it."""
+    rows = [{k: v for k, v in t.info["metrics"].items()
+             if isinstance(v, (int, float)) and math.isfinite(v)}
+            for t in trajs if isinstance(t.info.get("metrics"), dict)]
+    return mean_metrics(rows)
 
 
 def _groups(trajs: list[Trajectory]) -> list[list[Trajectory]]:
