@@ -28,8 +28,8 @@ to the player, e.g. `Next to P: Left #, Down _, Right X, Up #.` (see Arguments f
 The generated room: boxes off their targets, the player on a random cell it can walk to; or
 the room given as `reset(options={"room": text})` in the symbols above (rows by newline or `/`).
 `reset`'s info carries `optimal_success` (1.0: every room is solvable within `max_steps`),
-`optimal_moves`, `optimal_pushes` (the fewest pushes among the shortest plans) and `room` (the
-rows as text, joined by `/`).
+`optimal_moves`, `optimal_pushes` (the fewest pushes among the shortest plans) and `map` (the
+room's rows as text, joined by `/`; the agent keeps it in the trajectory for `eval_baselines`).
 
 ## Rewards
 gym-sokoban's scheme, each part configurable: `step_reward` (-0.1) on every step, including a
@@ -132,6 +132,21 @@ def _symbol(room: Room, i: int) -> str:
     if i in room.boxes:
         return SYMBOLS["box_on_target" if on_target else "box"]
     return SYMBOLS["target" if on_target else "floor"]
+
+
+def best_blind_success(rooms: list[Room], horizon: int) -> float:
+    """The highest fraction of `rooms` that one fixed sequence of `horizon` moves solves."""
+    def best(states: list[Room], depth: int) -> int:
+        if depth == 0 or not states:
+            return 0
+        scores = []
+        for d in range(len(DIRECTIONS)):
+            moved = [room.move(d)[0] for room in states]
+            left = [room for room in moved if not room.solved]
+            scores.append(len(moved) - len(left) + best(left, depth - 1))
+        return max(scores)
+
+    return best(list(rooms), horizon) / len(rooms) if rooms else 0.0
 
 
 def _is_int(x: Any) -> bool:
@@ -249,7 +264,7 @@ class SokobanEnv:
         self._steps = self._pushes = 0
         self._done = False
         info: dict[str, Any] = {"optimal_success": float(solution is not None),
-                                "room": render_room(room).replace("\n", "/")}
+                                "map": render_room(room).replace("\n", "/")}
         if solution is not None:
             info.update(optimal_moves=solution.moves, optimal_pushes=solution.pushes)
         return self._observation(), info
@@ -313,6 +328,17 @@ class SokobanEnv:
             if solved and self._solution.moves:
                 metrics["steps_over_optimal"] = self._steps / self._solution.moves
         return metrics
+
+    def eval_baselines(self, trajectories: list) -> dict[str, float]:
+        """The best room-blind policy (one move sequence for every room) on the evaluated rooms.
+
+        A policy that does not beat it has not learned to read the room. The search is exhaustive
+        over 4**horizon sequences, so the horizon is capped at 6 moves.
+        """
+        rooms = [parse_room(t.info["map"]) for t in trajectories if "map" in t.info]
+        if not rooms:
+            return {}
+        return {"room_blind": best_blind_success(rooms, min(self.max_steps, 6))}
 
     def valid_moves(self) -> list[str]:
         """Names of the moves that change the room (all four before reset or after the end)."""

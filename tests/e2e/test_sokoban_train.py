@@ -28,6 +28,7 @@ def test_sokoban_config_trains_and_reports_success_against_the_optimum(tmp_path)
         assert 1.0 <= r["eval/optimal_moves"] <= 3.0 and r["eval/steps"] <= 3.0
         assert 0.0 <= r["eval/boxes_on_target"] <= 1.0 and r["eval/optimal_pushes"] >= 1.0
         assert ("eval/steps_over_optimal" in r) == (r["eval/success"] > 0)
+        assert 0.0 <= r["eval/baseline_room_blind"] <= 1.0  # the best room-blind move sequence
     steps = [r for r in rows if "reward/mean" in r]
     assert len(steps) == 2 and all("rollout/optimal_moves" in r and "rollout/steps" in r for r in steps)
     sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])

@@ -8,7 +8,8 @@ from collections import deque
 import pytest
 
 from agentrl.envs.parsing import parse_direction
-from agentrl.envs.sokoban import SYMBOLS, SokobanEnv, parse_room, position_line, render_room
+from agentrl.envs.sokoban import (SYMBOLS, SokobanEnv, best_blind_success, parse_room, position_line,
+                                  render_room)
 from agentrl.envs.sokoban_room import STEP_NAMES, Room, generate_room, live_cells, reachable, solve
 from agentrl.errors import ConfigError, EnvError
 from agentrl.registry import ENVS
@@ -140,7 +141,7 @@ async def test_observation_and_info():
     obs, info = await env.reset(options={"room": CORRIDOR})
     assert obs == CORRIDOR + "\nP: row 2, column 2. X: row 2, column 3. O: row 2, column 5."
     assert info == {"optimal_success": 1.0, "optimal_moves": 2, "optimal_pushes": 2,
-                    "room": CORRIDOR.replace("\n", "/")}
+                    "map": CORRIDOR.replace("\n", "/")}
     assert all(s in env.instructions for s in ("<answer>", "Left", "# wall", "√", "S you on a target"))
     obs, _ = await SokobanEnv(show_position=False).reset(options={"room": CORRIDOR})
     assert obs == CORRIDOR
@@ -201,6 +202,30 @@ async def test_progress_shaping_sums_to_the_way_covered_and_dead_ends_take_it_ba
     assert sum(rewards) == pytest.approx(0.0)  # a dead end takes back all progress made
     await env.reset(options={"room": room})
     assert (await env.step("Left"))[1] == 0.0  # a bump changes nothing, so shapes nothing
+
+
+def test_room_blind_baseline_is_the_best_single_move_sequence():
+    import itertools
+    from types import SimpleNamespace
+
+    rooms = [generate_room(6, 6, 1, random.Random(s), max_moves=3)[0] for s in range(24)]
+
+    def solved_by(seq):
+        count = 0
+        for room in rooms:
+            for d in seq:
+                room = room.move(d)[0]
+                if room.solved:
+                    count += 1
+                    break
+        return count / len(rooms)
+
+    brute = max(solved_by(seq) for seq in itertools.product(range(4), repeat=3))
+    assert best_blind_success(rooms, 3) == pytest.approx(brute)
+    assert 0.0 < brute < 1.0  # rooms differ: no sequence solves them all
+    trajs = [SimpleNamespace(info={"map": render_room(r).replace("\n", "/")}) for r in rooms]
+    assert SokobanEnv(max_steps=3).eval_baselines(trajs) == {"room_blind": pytest.approx(brute)}
+    assert SokobanEnv().eval_baselines([]) == {}
 
 
 # --- episode end -----------------------------------------------------------------------------
