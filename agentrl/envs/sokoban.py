@@ -56,7 +56,11 @@ the end is an EnvError.
 rooms), `num_gen_steps` (floor-carving walk length, default 1.7 * (rows + cols)),
 `p_change_directions` (chance the carving walk turns), `search_depth` (length of the backward
 walk that places the boxes), the rewards above, `show_position`, `show_neighbours` (off by
-default, which keeps the observation RAGEN's grid plus the position line).
+default, which keeps the observation RAGEN's grid plus the position line). Why the neighbour
+line exists, measured on 6x6 rooms: warm-started on demonstrations of state-changing moves, the
+tiny default model's reply loss stayed at a uniform choice among all four moves (0.35 nats per
+reply token against a floor of 0.15) for 240 steps with the grid and position line alone, i.e.
+it did not find the walls around P; with the neighbour line it began to drop (0.31 at step 400).
 """
 
 from __future__ import annotations
