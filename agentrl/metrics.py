@@ -46,17 +46,6 @@ class Timer:
         return out
 
 
-def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
-    """Mean of each key over the rows that have it."""
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for row in rows:
-        for key, value in row.items():
-            sums[key] = sums.get(key, 0.0) + float(value)
-            counts[key] = counts.get(key, 0) + 1
-    return {key: sums[key] / counts[key] for key in sums}
-
-
 def _plain(key: str, value: Any) -> int | float:
     """A JSON-safe int/float from a Python, numpy or torch scalar."""
     if isinstance(value, bool):

@@ -7,10 +7,10 @@ text and the model's reply into an action. With `map_name=None` every reset seed
 random map that is guaranteed to have a path (Gymnasium's `generate_random_map`).
 
 ## Action format
-The model answers in words. `parse_action` reads the content of the last
-`<answer>...</answer>` (or of an unclosed `<answer>` tail, or else the whole reply), case
-insensitive, and accepts one of the words Left, Down, Right, Up, an arrow (← ↓ → ↑), or a lone
-letter L/D/R/U. A reply naming two different directions, or none, is invalid: it costs
+The model answers in words, read by `agentrl.envs.parsing.parse_direction`: the content of the
+last `<answer>...</answer>` (or of an unclosed `<answer>` tail, or else the whole reply), case
+insensitive, one of the words Left, Down, Right, Up, an arrow (← ↓ → ↑), or a lone letter
+L/D/R/U. A reply naming two different directions, or none, is invalid: it costs
 `format_penalty`, leaves the state as it was and still uses up a step.
 
 ## Observation format
@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from typing import Any
 
 import gymnasium as gym
@@ -59,16 +58,12 @@ import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import MAPS, generate_random_map
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as _GymFrozenLake
 
-from agentrl.envs.text import answer_content
+from agentrl.envs.parsing import DIRECTIONS, parse_direction
 from agentrl.errors import ConfigError, EnvError
 from agentrl.registry import register_env
 
-ACTION_NAMES = ("Left", "Down", "Right", "Up")  # index = Gymnasium's action id
+ACTION_NAMES = DIRECTIONS  # index = Gymnasium's action id
 _SYMBOLS = {"S": "_", "F": "_", "H": "O", "G": "G"}
-_WORDS = {"left": 0, "down": 1, "right": 2, "up": 3, "←": 0, "↓": 1, "→": 2, "↑": 3}
-_LETTERS = {"l": 0, "d": 1, "r": 2, "u": 3}
-_TOKEN_RE = re.compile(r"\b(?:left|down|right|up)\b|[←↓→↑]")
-_SCAN_LIMIT = 4096  # an answer longer than this is not a move; the cap keeps parsing cheap
 
 
 def _rows(desc: Any) -> list[str]:
@@ -86,21 +81,9 @@ def render_board(desc: Any, pos: int) -> str:
     return "\n".join(lines)
 
 
-def _answer_content(reply: str) -> str:
-    """The lower-cased text the move is read from: the last answer tag's content, else the reply."""
-    return answer_content(reply.lower())
-
-
 def parse_action(reply: str) -> int | None:
     """Gymnasium's action id named by `reply`, or None when it names no single direction."""
-    if not isinstance(reply, str):
-        return None
-    content = _answer_content(reply)[:_SCAN_LIMIT]
-    letter = content.strip().rstrip(".!")
-    if letter in _LETTERS:
-        return _LETTERS[letter]
-    found = {_WORDS[m.group(0)] for m in _TOKEN_RE.finditer(content)}
-    return found.pop() if len(found) == 1 else None
+    return parse_direction(reply)
 
 
 def _tables(P: dict, n_states: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,7 @@ is the fraction of episodes that ended for each truncation reason.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from agentrl.rollout.trajectory import Trajectory
@@ -22,7 +23,8 @@ def _mean(xs: list[float]) -> float:
 
 
 def _numeric(value: object) -> bool:
-    return isinstance(value, (int, float))  # bool is an int: a flag averages to a rate
+    # bool is an int: a flag averages to a rate; a NaN or inf would poison the mean
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
@@ -30,7 +32,8 @@ def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for t in trajs:
-        for key, value in (t.info.get("metrics") or {}).items():
+        metrics = t.info.get("metrics")
+        for key, value in (metrics if isinstance(metrics, dict) else {}).items():
             if _numeric(value):
                 sums[key] = sums.get(key, 0.0) + float(value)
                 counts[key] = counts.get(key, 0) + 1

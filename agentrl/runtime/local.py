@@ -19,6 +19,7 @@ import agentrl.agents.math_retry  # noqa: F401
 import agentrl.algos.advantages  # noqa: F401
 import agentrl.envs.frozen_lake  # noqa: F401
 import agentrl.envs.math  # noqa: F401
+import agentrl.envs.sokoban  # noqa: F401
 from agentrl.config import Config, save_config, to_dict
 from agentrl.errors import ConfigError, RegistryError
 from agentrl.llm.local import LocalEngine

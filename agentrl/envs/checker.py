@@ -1,0 +1,232 @@
+"""`check_env`: runs an env through its contract and says exactly what broke.
+
+In the spirit of Gymnasium's `gymnasium/utils/env_checker.py`, for our async text envs
+(`agentrl.envs.base.Env`). It checks, in order:
+
+1. the API: `instructions` is a non-empty string, `reset`/`step` are coroutines, `sample_action`
+   and `close` are callable;
+2. reset: returns `(str, dict)`, with `optimal_success` in [0, 1] when given; `reset()` without
+   a seed works too;
+3. random episodes (`sample_action`) to their end: every step returns `(str, finite number,
+   bool, bool, dict)`, terminated and truncated are never both true, the last step's info has a
+   bool `success` and, when present, `metrics` maps names to finite numbers; a step after the
+   end raises the env's EnvError or returns a well-formed step;
+4. determinism: a fresh env and a reused env, reset with the same seed and fed the same actions,
+   give the same observations, rewards, flags and infos;
+5. adversarial replies (empty, huge, unicode, lone surrogates, control bytes, numbers, tags,
+   several directions at once) are ordinary steps, never exceptions;
+6. `close()` may be called twice.
+
+The first failure raises `EnvCheckError` naming the env, the check and the offending value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import pkgutil
+import random
+from collections.abc import Callable
+from numbers import Real
+from typing import Any, NoReturn
+
+from agentrl.errors import EnvError
+
+ADVERSARIAL_REPLIES = (
+    "", " ", "\n\t\r", "x" * 1_000_000, "<answer>" * 20_000, "</answer>" * 20_000,
+    "<answer></answer>", "<answer>Left", "</answer>Up<answer>", "<answer><answer>Up</answer></answer>",
+    "left right up down", "Up Down", "<answer>Left</answer><answer>Right Up</answer>",
+    "0", "1", "-1", "3.14", "1e308", "NaN", "inf", "12345678901234567890" * 50,
+    "😀🎉", "←→", "↑", "ÜP", "İ" * 10_000, "\u202eLeft", "\ud800", "\udfff<answer>Up</answer>",
+    "\x00\x01\x1b[31mUp\x1b[0m", "<|im_end|>", "<|im_start|>assistant\n", "<think>Up</think>",
+    "{\"action\": \"Up\"}", "None", "UP!!!", "l", "L R", "up" * 100_000,
+)
+
+
+class EnvCheckError(EnvError):
+    """An env breaks its contract; the message names the env, the check and the value."""
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr(value) cut to `limit` characters, for messages about huge replies."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(value) if isinstance(value, str) else '?'} chars)"
+
+
+class _Checker:
+    """Holds the env factory and the name used in every message."""
+
+    def __init__(self, make_env: Callable[[], Any], max_episode_steps: int) -> None:
+        self.make_env = make_env
+        self.max_episode_steps = max_episode_steps
+        self.name = "env"
+
+    def fail(self, check: str, detail: str) -> NoReturn:
+        """Raise EnvCheckError naming the env, the check and what went wrong."""
+        raise EnvCheckError(f"check_env({self.name}): {check}: {detail}")
+
+    # ---------------------------------------------------------------- the calls, guarded
+    async def reset(self, env: Any, seed: int | None) -> tuple[str, dict]:
+        try:
+            result = await env.reset(seed=seed)
+        except Exception as e:
+            self.fail("reset", f"reset(seed={seed}) raised {type(e).__name__}: {e}")
+        self.check_reset(result, seed)
+        return result
+
+    async def step(self, env: Any, action: str, where: str) -> tuple:
+        try:
+            result = await env.step(action)
+        except Exception as e:
+            self.fail("step", f"step({_short(action)}) {where} raised {type(e).__name__}: {e}")
+        self.check_step(result, action, where)
+        return result
+
+    # ---------------------------------------------------------------- return values
+    def check_reset(self, result: Any, seed: int | None) -> None:
+        call = f"reset(seed={seed})"
+        if not (isinstance(result, tuple) and len(result) == 2):
+            self.fail("reset result", f"{call} returned {_short(result)}; expected (observation, info)")
+        obs, info = result
+        if not isinstance(obs, str):
+            self.fail("reset result", f"{call} observation is {type(obs).__name__}; expected str")
+        if not isinstance(info, dict):
+            self.fail("reset result", f"{call} info is {type(info).__name__}; expected dict")
+        opt = info.get("optimal_success")
+        if opt is not None and not (_finite(opt) and 0.0 <= opt <= 1.0):
+            self.fail("reset result", f"{call} info['optimal_success']={opt!r}; expected a number in [0, 1]")
+
+    def check_step(self, result: Any, action: str, where: str) -> None:
+        call = f"step({_short(action)}) {where}"
+        if not (isinstance(result, tuple) and len(result) == 5):
+            self.fail("step result", f"{call} returned {_short(result)}; expected "
+                      "(observation, reward, terminated, truncated, info)")
+        obs, reward, terminated, truncated, info = result
+        if not isinstance(obs, str):
+            self.fail("step result", f"{call} observation is {type(obs).__name__}; expected str")
+        if not _finite(reward):
+            self.fail("step result", f"{call} reward={reward!r}; expected a finite number")
+        for flag, value in (("terminated", terminated), ("truncated", truncated)):
+            if not isinstance(value, bool):
+                self.fail("step result", f"{call} {flag}={value!r}; expected a bool")
+        if terminated and truncated:
+            self.fail("episode end", f"{call} returned terminated and truncated both True; a step is one or the other")
+        if not isinstance(info, dict):
+            self.fail("step result", f"{call} info is {type(info).__name__}; expected dict")
+        if (terminated or truncated) and not isinstance(info.get("success"), bool):
+            self.fail("episode end", f"{call} ended the episode but info['success']={info.get('success')!r}; "
+                      "expected a bool")
+        metrics = info.get("metrics")
+        if metrics is not None:
+            bad = ({k: v for k, v in metrics.items() if not (isinstance(k, str) and _finite(v))}
+                   if isinstance(metrics, dict) else metrics)
+            if bad or not isinstance(metrics, dict):
+                self.fail("step result", f"{call} info['metrics'] has {_short(bad)}; expected names -> finite numbers")
+
+    # ---------------------------------------------------------------- the checks
+    def check_api(self, env: Any) -> None:
+        if not (isinstance(getattr(env, "instructions", None), str) and env.instructions):
+            self.fail("api", "instructions must be a non-empty str")
+        for method in ("reset", "step"):
+            if not inspect.iscoroutinefunction(getattr(env, method, None)):
+                self.fail("api", f"{method} must be an async method")
+        for method in ("sample_action", "close"):
+            if not callable(getattr(env, method, None)):
+                self.fail("api", f"{method} must be a method")
+
+    async def play(self, env: Any, seed: int) -> list:
+        """Reset with `seed` and play `sample_action` to the end; the transcript of the episode."""
+        transcript: list = [await self.reset(env, seed)]
+        rng = random.Random(seed)
+        for n in range(1, self.max_episode_steps + 1):
+            action = env.sample_action(rng)
+            if not isinstance(action, str):
+                self.fail("sample_action", f"returned {_short(action)}; expected a str reply")
+            result = await self.step(env, action, f"at step {n} of episode seed={seed}")
+            transcript.append((action, result))
+            if result[2] or result[3]:
+                await self.step_after_end(env, seed)
+                return transcript
+        self.fail("episode end", f"episode seed={seed} did not end within {self.max_episode_steps} steps "
+                  "of sample_action; pass max_episode_steps= if the env relies on the agent's max_turns")
+
+    async def step_after_end(self, env: Any, seed: int) -> None:
+        try:
+            result = await env.step(env.sample_action(random.Random(0)))
+        except EnvError:
+            return  # the documented answer
+        except Exception as e:
+            self.fail("step after end", f"episode seed={seed}: step() after the end raised {type(e).__name__}: "
+                      f"{e}; raise EnvError (or return a well-formed step)")
+        self.check_step(result, "...", f"after the end of episode seed={seed}")
+
+    def compare(self, a: list, b: list, seed: int, what: str) -> None:
+        if a[0] != b[0]:
+            self.fail("determinism", f"{what}: reset(seed={seed}) gave {_short(a[0])} then {_short(b[0])}")
+        for n, (x, y) in enumerate(zip(a[1:], b[1:]), start=1):
+            if x != y:
+                self.fail("determinism", f"{what}: step {n} of episode seed={seed} gave {_short(x)} then {_short(y)}")
+        if len(a) != len(b):
+            self.fail("determinism", f"{what}: episode seed={seed} ended after {len(a) - 1} then {len(b) - 1} steps")
+
+    async def adversarial(self, env: Any, seed: int) -> None:
+        for reply in ADVERSARIAL_REPLIES:
+            await self.reset(env, seed)
+            await self.step(env, reply, f"as the first reply of episode seed={seed}")
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+async def acheck_env(make_env: Callable[[], Any], seeds: tuple[int, ...] = (0, 1, 2),
+                     max_episode_steps: int = 1000) -> dict[str, int]:
+    """Async `check_env`; returns counts of what was run, raises EnvCheckError on a failure."""
+    checker = _Checker(make_env, max_episode_steps)
+    env, fresh = make_env(), make_env()
+    checker.name = type(env).__name__
+    try:
+        checker.check_api(env)
+        await checker.reset(env, None)
+        steps = 0
+        for seed in seeds:
+            first = await checker.play(env, seed)
+            again = await checker.play(env, seed)
+            checker.compare(first, again, seed, "the same env reset again")
+            checker.compare(first, await checker.play(fresh, seed), seed, "a fresh env")
+            steps += 3 * (len(first) - 1)
+        await checker.adversarial(env, seeds[0] if seeds else 0)
+    except EnvCheckError:
+        env.close()
+        raise
+    finally:
+        fresh.close()
+    try:
+        env.close()
+        env.close()
+    except Exception as e:
+        checker.fail("close", f"close() twice raised {type(e).__name__}: {e}")
+    return {"episodes": 3 * len(seeds), "steps": steps, "adversarial_replies": len(ADVERSARIAL_REPLIES)}
+
+
+def check_env(make_env: Callable[[], Any], seeds: tuple[int, ...] = (0, 1, 2),
+              max_episode_steps: int = 1000) -> dict[str, int]:
+    """Run the env made by `make_env` through its contract (see the module docstring).
+
+    Returns counts of episodes, steps and adversarial replies run; raises EnvCheckError naming
+    the first broken check. Call `acheck_env` from inside an event loop.
+    """
+    return asyncio.run(acheck_env(make_env, seeds, max_episode_steps))
+
+
+def builtin_env_names() -> list[str]:
+    """Names of the envs registered by agentrl's own `agentrl.envs` modules (imports them all)."""
+    import agentrl.envs as package
+    from agentrl.registry import ENVS
+
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+    return [name for name in ENVS.names()
+            if getattr(ENVS.get(name), "__module__", "").startswith(f"{package.__name__}.")]
