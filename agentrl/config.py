@@ -119,7 +119,23 @@ class RolloutConfig:
     max_new_tokens: int = 8
     """Most tokens per reply; a reply cut off there is treated as no answer (format penalty)."""
     max_num_seqs: int = 256
-    """Most sequences the local engine decodes at once (vLLM's name)."""
+    """Most sequences the local engine decodes at once (vLLM's name); further requests queue."""
+    max_num_batched_tokens: int = 8192
+    """Most prompt ids the local engine prefills in one forward pass; a longer prefill is split
+    into chunks over several steps (vLLM's name)."""
+    max_total_tokens: Optional[int] = None
+    """KV-cache budget of the local engine in tokens (SGLang's name): a running sequence counts
+    its prompt + max_new_tokens, a parked prefix cache its length; requests beyond it queue.
+    null = max_num_seqs * max_model_len."""
+    max_model_len: Optional[int] = None
+    """Longest sequence (prompt + reply) the engine serves (vLLM's name); a reply reaching it ends
+    with finish_reason length. null = the model's max_position_embeddings."""
+    enable_prefix_caching: bool = True
+    """Keep each episode's KV between turns and share prompt prefixes (a GRPO group's first
+    prompt), so that only new ids are prefilled (vLLM's name)."""
+    kv_on_weight_update: Literal["recompute", "keep"] = "recompute"
+    """After a weight update, KV computed under older weights is recomputed (running sequences
+    re-prefill, parked prefix caches are dropped) or kept and reported in Completion.kv_version."""
     rollout_filter_ratio: float = 1.0
     """RAGEN's variance filter: keep this fraction of groups, those with the largest reward std
     (1.0 keeps all)."""
@@ -533,6 +549,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"rollout.temperature={r.temperature} must be > 0 (eval decodes greedily)")
     if r.top_k < -1:
         raise ConfigError(f"rollout.top_k={r.top_k} must be -1 (off) or a positive count")
+    _positive(r, "rollout", "max_num_batched_tokens")
+    for key in ("max_total_tokens", "max_model_len"):
+        if getattr(r, key) is not None and getattr(r, key) < 2:
+            raise ConfigError(f"rollout.{key}={getattr(r, key)} must be at least 2 tokens (or null for the default)")
     for name in ("clip_ratio_low", "clip_ratio_high", "lr", "weight_decay", "grad_clip"):
         if getattr(a, name) < 0:
             raise ConfigError(f"actor.{name}={getattr(a, name)} must be >= 0")

@@ -232,8 +232,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self) -> None:
-        state = {"policy_version": self.engine.policy_version, "rng": rng_state(),
-                 "engine_rng": self.engine._seed_rng.getstate(), "summary": dict(self.summary),
+        state = {"engine": self.engine.state_dict(), "rng": rng_state(), "summary": dict(self.summary),
                  "kl_coef": self.kl_ctrl.value,
                  "critic": self.critic.state_dict() if self.critic is not None else None}
         save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
@@ -256,8 +255,7 @@ class Trainer:
             self.critic.load_state_dict(state["critic"])
         set_rng_state(state["rng"])
         self.sync()
-        self.engine.policy_version = int(state["policy_version"])
-        self.engine._seed_rng.setstate(state["engine_rng"])
+        self.engine.load_state_dict(state["engine"])
 
     def _due(self, freq: int) -> bool:
         return freq > 0 and self.step_idx % freq == 0 and self.step_idx < self.cfg.trainer.total_steps
