@@ -11,8 +11,10 @@ The workload is what `agentrl train` collects each step, at 64 episodes: 8 group
       SyncMultiTurnRollout);
   (c) engine: agentrl's LocalEngine (continuous batching, prefix reuse);
   (d) limit: a bare decode loop over a static KV cache, no env, no scheduling, no sampling, with
-      (c)'s token counts: per turn, one prefill pass and then decode passes, every row in
-      lockstep, (c)'s new prompt and generated tokens of that turn spread evenly over all rows.
+      (c)'s token counts: per turn, one prefill pass and then decode passes over the episodes
+      still playing, all in lockstep with the turn's mean chunk and reply length. Only what a
+      perfect prefix cache computes is prefilled (each distinct prefix once: a group's shared
+      first prompt once; the other rows get a copy of its keys/values).
 
 (a) and (b) sample with the engine's per-request seeded streams (a logits processor), so the
 three play the same episodes up to float ties; the report says how many came out identical.
@@ -44,7 +46,8 @@ import psutil
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, Qwen2Config, Qwen2ForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from agentrl.config import TinyModelConfig, load_config  # noqa: E402
 from agentrl.llm.engine import Completion, SamplingParams  # noqa: E402
@@ -111,9 +114,11 @@ class SequentialClient:
     def __init__(self, model, pad_id: int, eos_id: int) -> None:
         self.model, self.pad_id, self.eos_id = model, pad_id, eos_id
         self.prefill_tokens = 0
+        self.clock = Clock()
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
-        (out,), prefilled = generate_rows(self.model, [prompt_ids], [sampling], self.pad_id, self.eos_id)
+        with self.clock:
+            (out,), prefilled = generate_rows(self.model, [prompt_ids], [sampling], self.pad_id, self.eos_id)
         self.prefill_tokens += prefilled
         return out
 
@@ -124,6 +129,7 @@ class LockstepClient:
     def __init__(self, model, pad_id: int, eos_id: int) -> None:
         self.model, self.pad_id, self.eos_id = model, pad_id, eos_id
         self.prefill_tokens = 0
+        self.clock = Clock()
         self._pending: list = []
         self._task: asyncio.Task | None = None
 
@@ -140,64 +146,87 @@ class LockstepClient:
             for _ in range(3):  # every live episode reaches its next request first
                 await asyncio.sleep(0)
             batch, self._pending = self._pending, []
-            outs, prefilled = generate_rows(self.model, [b[0] for b in batch], [b[1] for b in batch],
-                                            self.pad_id, self.eos_id)
+            with self.clock:
+                outs, prefilled = generate_rows(self.model, [b[0] for b in batch], [b[1] for b in batch],
+                                                self.pad_id, self.eos_id)
             self.prefill_tokens += prefilled
             for (_, _, fut), out in zip(batch, outs):
                 fut.set_result(out)
 
 
 class Recorder:
-    """Wraps a client and records, per episode, each request's prompt and reply lengths."""
+    """Wraps a client and records every episode's requests: prompt ids and generated ids."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
-        self.calls: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        self.calls: dict[int, list[tuple[list[int], list[int]]]] = defaultdict(list)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         out = await self.inner.generate(prompt_ids, sampling)
-        self.calls[id(asyncio.current_task())].append((len(prompt_ids), len(out.token_ids)))
+        self.calls[id(asyncio.current_task())].append((list(prompt_ids), list(out.token_ids)))
         return out
 
-    def per_turn(self) -> tuple[list[int], list[int]]:
-        """New prompt tokens and generated tokens summed per turn index over all episodes."""
-        new, gen = defaultdict(int), defaultdict(int)
-        for calls in self.calls.values():
-            seen = 0
-            for k, (plen, glen) in enumerate(calls):
-                new[k] += plen - seen
-                gen[k] += glen
-                seen = plen + glen
-        turns = range(max(new) + 1) if new else range(0)
-        return [new[k] for k in turns], [gen[k] for k in turns]
+    def per_turn(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        """Per turn index, summed over episodes: new prompt ids (neither in an earlier prompt nor
+        generated), generated ids, and the prompt ids a perfect prefix cache must still compute
+        (the new ids and the turn's first id, the previous reply's last one, once per distinct
+        prefix: a group's shared first prompt counts once), and the episodes still playing."""
+        new, gen, ideal, rows = defaultdict(int), defaultdict(int), defaultdict(int), defaultdict(int)
+        episodes = list(self.calls.values())
+        seen: set[int] = set()
+        chains = [[0] for _ in episodes]  # chained hash of every prefix of each conversation
+        for k in range(max((len(c) for c in episodes), default=0)):
+            for calls, chain in zip(episodes, chains):
+                if k >= len(calls):
+                    continue
+                prompt, out = calls[k]
+                start = len(chain) - 1  # ids of this conversation hashed so far
+                new[k] += len(prompt) - start
+                for t in prompt[start:]:
+                    chain.append(hash((chain[-1], t)))
+                for i in range(max(0, start - 1), len(prompt)):
+                    if chain[i + 1] not in seen:  # chain[i + 1] ends with id i
+                        seen.add(chain[i + 1])
+                        ideal[k] += 1
+                gen[k] += len(out)
+                rows[k] += 1
+                for t in out:
+                    chain.append(hash((chain[-1], t)))
+        turns = range(len(new))
+        return ([new[k] for k in turns], [gen[k] for k in turns], [ideal[k] for k in turns],
+                [rows[k] for k in turns])
 
 
 # ---------------------------------------------------------------------------- the limit
-def limit_loop(model, rows: int, new_per_turn: list[int], gen_per_turn: list[int]) -> tuple[int, int]:
-    """(d): per turn one prefill pass and decode passes over a static KV cache, every row in
-    lockstep; returns (generated tokens, prefill tokens)."""
+def limit_loop(model, workload: dict) -> tuple[int, int]:
+    """(d): the engine's workload replayed turn by turn as a bare loop over a static KV cache:
+    the turn's live rows in lockstep, each growing by the turn's mean chunk and reply length.
+    Only the distinct prompt ids are prefilled (as a perfect prefix cache would: those rows run,
+    the other rows get a copy of their keys/values); returns (generated, prefilled)."""
     from agentrl.llm.kv_cache import SlotKVCache
 
-    chunks = [max(1, round(n / rows)) for n in new_per_turn]
-    steps = [max(1, round(g / rows)) for g in gen_per_turn]
-    total = sum(chunks) + sum(steps)
+    plan = []
+    for k, (n, new, ideal, gen) in enumerate(zip(workload["rows"], workload["new"], workload["ideal"],
+                                                  workload["gen"])):
+        chunk = max(1, round((new + (n if k else 0)) / n))  # ids each row adds (with the last reply id)
+        plan.append((n, chunk, min(n, max(1, round(ideal / chunk))), max(1, round(gen / n))))
+    total = sum(chunk + steps for _, chunk, _, steps in plan)
     cache = SlotKVCache.for_model(model, total)
-    cache.reserve(rows, total)
+    cache.reserve(plan[0][0], total)
     dev = cache.device
     length, generated, prefilled = 0, 0, 0
-    token = torch.full((rows, 1), 5, device=dev)
     with torch.inference_mode():
-        for chunk, n_steps in zip(chunks, steps):
-            ids = torch.randint(5, 100, (rows, chunk), device=dev)
-            pos = torch.arange(length, length + chunk, device=dev).expand(rows, chunk)
-            view = _StaticView(cache, length, chunk)
+        for rows, chunk, distinct, n_steps in plan:
+            ids = torch.randint(5, 100, (distinct, chunk), device=dev)
+            pos = torch.arange(length, length + chunk, device=dev).expand(distinct, chunk)
             causal = torch.arange(length + chunk, device=dev) <= pos[:1].unsqueeze(-1)
             mask = torch.zeros(causal.shape, dtype=cache.dtype, device=dev).masked_fill_(~causal, -1e30)
-            out = model(input_ids=ids, position_ids=pos, past_key_values=view, use_cache=True, logits_to_keep=1,
-                        attention_mask={"full_attention": mask[None]})
-            token = out.logits[:, -1:].argmax(-1)
+            out = model(input_ids=ids, position_ids=pos, past_key_values=_StaticView(cache, length, chunk),
+                        use_cache=True, logits_to_keep=1, attention_mask={"full_attention": mask[None]})
+            cache.buf[:, :, distinct:rows, :, length:length + chunk] = cache.buf[:, :, :1, :, length:length + chunk]
+            token = out.logits[:1, -1:].argmax(-1).expand(rows, 1)
             length += chunk
-            prefilled += rows * chunk
+            prefilled += distinct * chunk
             for _ in range(n_steps - 1):  # the prefill pass gave the first token
                 pos = torch.full((rows, 1), length, device=dev)
                 out = model(input_ids=token, position_ids=pos, past_key_values=_StaticView(cache, length, 1),
@@ -222,6 +251,25 @@ class _StaticView:
 
 
 # ---------------------------------------------------------------------------- measuring
+class Clock:
+    """Accumulates wall and process CPU seconds over the blocks it times (CPU time is far less
+    disturbed by other processes on a shared machine)."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device
+        self.wall = self.cpu = 0.0
+
+    def __enter__(self) -> "Clock":
+        _sync(self.device)
+        self._w, self._c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _sync(self.device)
+        self.wall += time.perf_counter() - self._w
+        self.cpu += time.process_time() - self._c
+
+
 class PeakMemory:
     """Peak memory while the block runs: CUDA allocated, or process RSS sampled every 2 ms."""
 
@@ -266,44 +314,63 @@ def run_method(name: str, model, tokenizer, cfg, env_factory, tasks, device, wor
     elif name == "lockstep":
         client = LockstepClient(model, pad, eos)
     else:
-        engine = LocalEngine.from_config(model, tokenizer, cfg.rollout, seed=cfg.seed)
-        client = engine
+        engine = client = ENGINES.get(id(model)) or ENGINES.setdefault(id(model), timed_engine(model, tokenizer, cfg))
+        # As in training: a weight update before each collect (drops the prefix caches of the
+        # previous one); the engine, its buffers and its rows stay.
+        engine.load_weights(model.state_dict())
+        engine.stats.pop()
+        engine.clock = Clock(device)
     rec = Recorder(client)
     collector = RolloutCollector(env_factory, agent, rec)
-    _sync(device)
-    with PeakMemory(device) as mem:
-        t0 = time.perf_counter()
+    total = Clock(device)
+    with PeakMemory(device) as mem, total:
         if name == "limit":
-            generated, prefilled = limit_loop(model, len(tasks), *workload)
+            generated, prefilled = limit_loop(model, workload)
             trajs = []
         elif name == "sequential":
             trajs = [t for task in tasks for t in collector.collect([task]).trajectories]
         else:
             trajs = collector.collect(tasks).trajectories
-        _sync(device)
-        seconds = time.perf_counter() - t0
+    gen_clock = total if name == "limit" else client.clock
     if name != "limit":
-        new, gen = rec.per_turn()
+        new, gen, ideal, rows = rec.per_turn()
         generated = sum(gen)
         prefilled = engine.stats.padded_prefill_tokens + engine.stats.decode_prompt_tokens if engine else \
             client.prefill_tokens
-        workload = (new, gen)
+        workload = {"new": new, "gen": gen, "ideal": ideal, "rows": rows}
     else:
-        new = workload[0]
-    row = {"method": name, "seconds": seconds, "generated": generated, "tokens_per_s": generated / seconds,
-           "prefill_tokens": prefilled, "new_prompt_tokens": sum(new),
-           "prefill_per_new_token": prefilled / max(1, sum(new)), "peak_mem_mb": mem.peak / 2**20,
-           "trajectories": trajs, "workload": workload}
+        new = workload["new"]
+    row = {"method": name, "seconds": total.wall, "cpu_seconds": total.cpu, "gen_seconds": gen_clock.wall,
+           "gen_cpu_seconds": gen_clock.cpu, "generated": generated, "prefill_tokens": prefilled,
+           "new_prompt_tokens": sum(new), "prefill_per_new_token": prefilled / max(1, sum(new)),
+           "peak_mem_mb": mem.peak / 2**20, "trajectories": trajs, "workload": workload}
+    for key in ("seconds", "cpu_seconds", "gen_seconds", "gen_cpu_seconds"):
+        row[key.replace("seconds", "tokens_per_s")] = generated / max(row[key], 1e-9)
     if engine is not None:
         s = engine.stats
-        row.update(engine_seconds=s.seconds, real_prefill_tokens=s.prefill_tokens,
-                   kv_cache_mb=engine.cache.peak_bytes / 2**20,
-                   mean_decode_batch=s.decode_rows / max(1, s.decode_passes), steps=s.steps)
+        row.update(real_prefill_tokens=s.prefill_tokens, kv_cache_mb=engine.cache.peak_bytes / 2**20,
+                   mean_decode_batch=s.decode_rows / max(1, s.decode_passes), steps=s.steps,
+                   passes=s.prefill_passes + s.decode_passes)
     return row
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
+ENGINES: dict[int, LocalEngine] = {}
+
+
+def timed_engine(model, tokenizer, cfg) -> LocalEngine:
+    """A LocalEngine whose steps are timed by its `clock` attribute."""
+    engine = LocalEngine.from_config(model, tokenizer, cfg.rollout, seed=cfg.seed)
+    step = engine.step
+
+    def timed_step() -> None:
+        with engine.clock:
+            step()
+    engine.step = timed_step
+    return engine
+
+
+def _sync(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
         torch.cuda.synchronize()
 
 
@@ -342,18 +409,25 @@ def main() -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--methods", default="sequential,lockstep,engine,limit")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs per method (the fastest counts); "
-                   "sequential runs once")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per method; ratios are medians over "
+                   "repeats (sequential runs once)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="16 episodes, 3 turns, one run each, random weights")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("overrides", nargs="*", help="config overrides for the engine, e.g. rollout.max_num_seqs=32")
     args = p.parse_args()
     if args.quick:
         args.episodes, args.max_turns, args.repeats = 16, 3, 1
     if args.weights is None:
         args.weights = "warm" if args.model == "tiny" and not args.quick else "random"
     args.device = torch.device(args.device)
-    cfg = load_config(None, [f"seed={args.seed}", f"env.max_turns={args.max_turns}",
-                             f"env.args.max_steps={args.max_turns}"])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # The default experiment's config, so that --weights warm reuses `agentrl train`'s cached model.
+    over = [f"seed={args.seed}", *args.overrides]
+    if args.max_turns != 8:
+        over += [f"env.max_turns={args.max_turns}", f"env.args.max_steps={args.max_turns}"]
+    cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", over)
     env_factory = make_env_factory(cfg)
     model, tokenizer = build(args, cfg, env_factory)
     seed_everything(args.seed)
@@ -362,54 +436,71 @@ def main() -> None:
     order = [m for m in ("engine", "lockstep", "sequential", "limit") if m in methods]  # limit needs engine
     if "limit" in order and "engine" not in order:
         raise SystemExit("--methods limit needs engine (it replays the engine's token counts)")
-    best: dict[str, dict] = {}
+    runs: list[dict[str, dict]] = []
     for r in range(args.repeats):
+        rows: dict[str, dict] = {}
         for name in order:
-            if name == "sequential" and r > 0:
+            if name == "sequential" and r > 0:  # slow, and its ratio is far from any target
+                rows[name] = runs[0][name]
                 continue
-            row = run_method(name, model, tokenizer, cfg, env_factory, tasks, args.device,
-                             workload=best["engine"]["workload"] if name == "limit" else None)
-            print(f"  run {r + 1} {name:10s} {row['seconds']:7.2f} s  {row['tokens_per_s']:8.0f} tok/s",
-                  file=sys.stderr)
-            if name not in best or row["seconds"] < best[name]["seconds"]:
-                best[name] = row
-    report(args, model, best)
+            rows[name] = run_method(name, model, tokenizer, cfg, env_factory, tasks, args.device,
+                                    workload=rows["engine"]["workload"] if name == "limit" else None)
+            print(f"  run {r + 1} {name:10s} wall {rows[name]['seconds']:7.2f} s  cpu "
+                  f"{rows[name]['cpu_seconds']:7.2f} s", file=sys.stderr)
+        runs.append(rows)
+    report(args, model, runs)
 
 
-def report(args, model, best: dict[str, dict]) -> None:
-    """Print the table and the JSON summary."""
+RATIOS = {  # summary key: (method, baseline, rate); rates: tokens / wall or cpu seconds of the whole
+    # rollout (env and agent included) or of generation only (engine steps, generate calls)
+    "speedup_vs_lockstep": ("engine", "lockstep", "tokens_per_s"),
+    "speedup_vs_lockstep_cpu": ("engine", "lockstep", "cpu_tokens_per_s"),
+    "speedup_vs_lockstep_generation": ("engine", "lockstep", "gen_tokens_per_s"),
+    "speedup_vs_sequential": ("engine", "sequential", "tokens_per_s"),
+    "fraction_of_limit": ("engine", "limit", "tokens_per_s"),
+    "fraction_of_limit_cpu": ("engine", "limit", "cpu_tokens_per_s"),
+    "fraction_of_limit_generation": ("engine", "limit", "gen_tokens_per_s"),
+    "fraction_of_limit_generation_cpu": ("engine", "limit", "gen_cpu_tokens_per_s"),
+}
+
+
+def report(args, model, runs: list[dict[str, dict]]) -> None:
+    """Print the table (the median run of each method) and the JSON summary (median over
+    repeats of each ratio, each computed between runs of the same repeat)."""
     params = sum(p.numel() for p in model.parameters())
     print(f"\nmodel {args.model} ({params / 1e6:.1f}M params, {args.weights} weights, {args.dtype}) on "
           f"{args.device}; {args.episodes} episodes, up to {args.max_turns} turns; torch threads "
-          f"{torch.get_num_threads()}")
-    print(f"{'method':12s} {'seconds':>8s} {'gen tok':>8s} {'tok/s':>9s} {'prefill/new':>12s} {'peak MB':>8s}")
-    for name, row in best.items():
-        print(f"{name:12s} {row['seconds']:8.2f} {row['generated']:8d} {row['tokens_per_s']:9.0f} "
-              f"{row['prefill_per_new_token']:12.2f} {row['peak_mem_mb']:8.0f}")
-    eng = best.get("engine")
+          f"{torch.get_num_threads()}; {args.repeats} repeats, medians")
+    print(f"{'method':11s} {'wall s':>7s} {'cpu s':>7s} {'gen s':>7s} {'gen tok':>8s} {'tok/s':>8s} "
+          f"{'tok/cpu-s':>9s} {'gen tok/s':>9s} {'prefill/new':>11s} {'peak MB':>8s}")
+    median = {}
+    for name in runs[0]:
+        rows = sorted((r[name] for r in runs), key=lambda row: row["seconds"])
+        median[name] = row = rows[len(rows) // 2]
+        print(f"{name:11s} {row['seconds']:7.2f} {row['cpu_seconds']:7.2f} {row['gen_seconds']:7.2f} "
+              f"{row['generated']:8d} {row['tokens_per_s']:8.0f} {row['cpu_tokens_per_s']:9.0f} "
+              f"{row['gen_tokens_per_s']:9.0f} {row['prefill_per_new_token']:11.2f} "
+              f"{max(r[name]['peak_mem_mb'] for r in runs):8.0f}")
     summary = {"model": args.model, "weights": args.weights, "device": str(args.device), "dtype": args.dtype,
-               "episodes": args.episodes, "max_turns": args.max_turns,
-               "tokens_per_s": {k: round(v["tokens_per_s"], 1) for k, v in best.items()},
-               "prefill_per_new_token_by_method": {k: round(v["prefill_per_new_token"], 3) for k, v in best.items()},
-               "peak_mem_mb": {k: round(v["peak_mem_mb"], 1) for k, v in best.items()}}
+               "episodes": args.episodes, "max_turns": args.max_turns, "threads": torch.get_num_threads(),
+               "tokens_per_s": {k: round(v["tokens_per_s"], 1) for k, v in median.items()},
+               "generation_tokens_per_s": {k: round(v["gen_tokens_per_s"], 1) for k, v in median.items()},
+               "prefill_per_new_token_by_method": {k: round(v["prefill_per_new_token"], 3) for k, v in median.items()},
+               "peak_mem_mb": {k: round(max(r[k]["peak_mem_mb"] for r in runs), 1) for k in median}}
+    for key, (method, base, rate) in RATIOS.items():
+        if method in median and base in median:
+            ratios = sorted(r[method][rate] / r[base][rate] for r in runs)
+            summary[key] = round(ratios[len(ratios) // 2], 3)
+    eng = median.get("engine")
     if eng:
-        print(f"engine: {eng['steps']} steps, mean decode batch {eng['mean_decode_batch']:.1f}, busy "
-              f"{eng['engine_seconds']:.2f} s of {eng['seconds']:.2f} s (the rest is env, agent and chat "
-              f"template), KV cache {eng['kv_cache_mb']:.1f} MB; real prefill tokens / new prompt tokens "
-              f"{eng['real_prefill_tokens'] / max(1, eng['new_prompt_tokens']):.3f}")
-        summary.update(prefill_per_new_token=round(eng["prefill_per_new_token"], 3),
-                       engine_busy_seconds=round(eng["engine_seconds"], 3), engine_seconds=round(eng["seconds"], 3))
-        for other, key in (("lockstep", "speedup_vs_lockstep"), ("sequential", "speedup_vs_sequential"),
-                           ("limit", "fraction_of_limit")):
-            if other in best:
-                ratio = eng["tokens_per_s"] / best[other]["tokens_per_s"]
-                summary[key] = round(ratio, 3)
-        if "limit" in best:
-            summary["fraction_of_limit_engine_busy"] = round(
-                eng["generated"] / eng["engine_seconds"] / best["limit"]["tokens_per_s"], 3)
+        print(f"engine: {eng['steps']} steps, {eng['passes']} forward passes, mean decode batch "
+              f"{eng['mean_decode_batch']:.1f}, KV cache {eng['kv_cache_mb']:.1f} MB; generation "
+              f"{eng['gen_seconds']:.2f} s of {eng['seconds']:.2f} s (the rest is env, agent, chat template)")
+        summary["prefill_per_new_token"] = round(eng["prefill_per_new_token"], 3)
+        summary["engine_passes"] = eng["passes"]
         for other in ("lockstep", "sequential"):
-            if other in best:
-                same = sum(a.token_ids == b.token_ids for a, b in zip(eng["trajectories"], best[other]["trajectories"]))
+            if other in median:
+                same = sum(a.token_ids == b.token_ids for a, b in zip(eng["trajectories"], median[other]["trajectories"]))
                 summary[f"identical_episodes_vs_{other}"] = f"{same}/{len(eng['trajectories'])}"
     print(json.dumps(summary))
 

@@ -73,18 +73,22 @@ class SlotKVCache:
         """Grow (never shrink) to at least `rows` rows of `length` tokens, keeping the contents."""
         if rows <= self.rows and length <= self.capacity:
             return
-        new_rows = max(self.rows, _round_up(rows, self.row_step))
-        new_len = max(self.capacity, min(_round_up(length, self.len_step), max(self.max_len, length)))
+        # Grow geometrically: a copy of the whole cache is costly, so it must stay rare.
+        new_rows, new_len = self.rows, self.capacity
+        if rows > self.rows:
+            new_rows = _round_up(max(rows, self.rows * 3 // 2), self.row_step)
+        if length > self.capacity:
+            new_len = min(_round_up(max(length, 2 * self.capacity), self.len_step), max(self.max_len, length))
         layers, two, heads, dim = self.shape
         buf = torch.zeros(layers, two, new_rows, heads, new_len, dim, dtype=self.dtype, device=self.device)
         buf[:, :, : self.rows, :, : self.capacity] = self.buf
         self.buf = buf
         self.peak_bytes = max(self.peak_bytes, self.nbytes)
 
-    def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        """Copy the first `n` cached positions of row `src` into row `dst`."""
-        if n > 0:
-            self.buf[:, :, dst, :, :n] = self.buf[:, :, src, :, :n]
+    def copy_range(self, src: int, dst: int, start: int, end: int) -> None:
+        """Copy cached positions `start..end-1` of row `src` into row `dst`."""
+        if end > start:
+            self.buf[:, :, dst, :, start:end] = self.buf[:, :, src, :, start:end]
 
     def swap_rows(self, a: int, b: int, n: int) -> None:
         """Exchange the first `n` positions of rows `a` and `b`."""

@@ -223,20 +223,36 @@ class LocalEngine:
             for seq in self.sched.active:
                 if seq.fork_from is not None:
                     self.sched.resolve_fork(seq)
-            decode = [s for s in self.sched.active if s.fork_from is None and s.uncached == 1]
+            decode = [s for s in self.sched.active if not s.waiting_on_source and s.uncached == 1]
             if decode:
                 logits.append(self._decode(decode))  # sorts `decode` by row, the order of its logits
                 ready += decode
             if ready:
-                self._sample_and_finish(ready, torch.cat(logits) if len(logits) > 1 else logits[0])
+                logits = torch.cat(logits) if len(logits) > 1 else logits[0]
+                ready, logits = self._add_twins(ready, logits)
+                self._sample_and_finish(ready, logits)
             self.stats.steps += 1
             self.stats.seconds += time.perf_counter() - t0
 
+    def _add_twins(self, ready: list[Sequence], logits: torch.Tensor) -> tuple[list[Sequence], torch.Tensor]:
+        """Twins whose source got its logits this step take the same logits (and copy its KV)."""
+        where = {seq: i for i, seq in enumerate(ready)}
+        rows = []
+        for seq in self.sched.active:
+            if seq.twin_of is not None:
+                i = where.get(seq.twin_of)
+                if self.sched.resolve_twin(seq, source_ready=i is not None):
+                    ready.append(seq)
+                    rows.append(i)
+        if rows:
+            logits = torch.cat([logits, logits[torch.tensor(rows, device=logits.device)]])
+        return ready, logits
+
     def _prefill_plan(self) -> list[tuple[Sequence, int]]:
         """(sequence, ids to prefill now) in admission order, within max_num_batched_tokens."""
+        todo = [s for s in self.sched.active if not s.waiting_on_source and s.uncached > 1]
         budget, plan = self.max_num_batched_tokens, []
-        for seq in sorted((s for s in self.sched.active if s.fork_from is None and s.uncached > 1),
-                          key=lambda s: s.admitted):
+        for seq in sorted(todo, key=lambda s: s.admitted):
             if budget <= 0:
                 break
             n = min(seq.uncached, budget)

@@ -45,16 +45,17 @@ class PrefixIndex:
                     del self._by_hash[h]
         seq.block_hashes.clear()
 
-    def longest_match(self, prompt: list[int]) -> tuple[list[HasTokens], int]:
-        """Candidates sharing the deepest matching block with `prompt`, and that depth in ids."""
-        h, found, depth = 0, [], 0
+    def walk(self, prompt: list[int]) -> list[list[HasTokens]]:
+        """For each leading block of `prompt` that some sequence shares, the sequences that
+        share it (shallowest first); stops at the first block nobody shares."""
+        h, levels = 0, []
         for b in range(len(prompt) // BLOCK):
             h = hash((h, *prompt[b * BLOCK:(b + 1) * BLOCK]))
             seqs = self._by_hash.get(h)
             if not seqs:
                 break
-            found, depth = seqs, (b + 1) * BLOCK
-        return list(found), depth
+            levels.append(seqs)
+        return levels
 
     def __len__(self) -> int:
         return len(self._by_hash)

@@ -23,7 +23,7 @@ from typing import Any
 from agentrl.errors import EngineError
 from agentrl.llm.engine import SamplingParams
 from agentrl.llm.kv_cache import SlotKVCache
-from agentrl.llm.prefix_index import PrefixIndex, common_prefix
+from agentrl.llm.prefix_index import BLOCK, PrefixIndex, common_prefix
 
 
 @dataclass(eq=False)
@@ -59,6 +59,7 @@ class Sequence:
     cached: int = 0  # leading ids whose KV is in the row
     request: Request | None = None  # None while parked
     fork_from: "tuple[Sequence, int] | None" = None  # copy this many positions of that sequence first
+    twin_of: "Sequence | None" = None  # same prompt as that running sequence: share its KV and first logits
     kv_version: int = 0  # oldest weights version among the cached KV
     last_used: int = 0
     admitted: int = 0  # admission order, for fair chunked prefill
@@ -70,9 +71,9 @@ class Sequence:
         return len(self.tokens) - self.cached
 
     @property
-    def footprint(self) -> int:
-        """Tokens this sequence counts against the KV budget."""
-        return self.request.reserved if self.request is not None else len(self.tokens)
+    def waiting_on_source(self) -> bool:
+        """Whether the sequence waits for another one to compute its shared prefix."""
+        return self.fork_from is not None or self.twin_of is not None
 
 
 class Scheduler:
@@ -91,11 +92,14 @@ class Scheduler:
         self.index = PrefixIndex()
         self.clock = 0  # admissions and finishes so far, for LRU order
         self.evictions = 0
+        self._reserved = 0  # prompt + max new tokens of every running request
+        self._parked_tokens = 0  # ids held by parked sequences
 
     # ------------------------------------------------------------------ accounting
     def used_tokens(self) -> int:
-        """Tokens counted against `max_total_tokens` now."""
-        return sum(s.footprint for s in self.active) + sum(len(s.tokens) for s in self.parked)
+        """Tokens counted against `max_total_tokens` now: running requests at their reserved
+        length, parked sequences at their length."""
+        return self._reserved + self._parked_tokens
 
     def has_work(self) -> bool:
         """Whether any request waits or runs."""
@@ -110,53 +114,71 @@ class Scheduler:
             if req.reserved > self.max_total_tokens:
                 rejected.append(self.waiting.popleft())
                 continue
-            source, shared = self._match(req.prompt) if self.enable_prefix_caching else (None, 0)
-            takeover = source is not None and source.request is None and shared == len(source.tokens)
-            extra = req.reserved - (len(source.tokens) if takeover else 0)
-            keep = {source} if source is not None else set()
+            owner, source, shared = self._match(req.prompt) if self.enable_prefix_caching else (None, None, 0)
+            extra = req.reserved - (len(owner.tokens) if owner is not None else 0)
+            keep = {s for s in (owner, source) if s is not None}
             while self.used_tokens() + extra > self.max_total_tokens and self._evict_one(keep):
                 pass
             if self.used_tokens() + extra > self.max_total_tokens:
                 break  # wait for running sequences to finish
             self.waiting.popleft()
-            self._start(req, source if takeover else None, (source, shared) if not takeover else None, version)
+            self._start(req, owner, source, shared, version)
         return rejected
 
-    def _match(self, prompt: list[int]) -> tuple[Sequence | None, int]:
-        """The cached sequence sharing the longest prefix with `prompt`, preferring a parked one
-        that the prompt extends (it can be taken over without a copy)."""
-        candidates, depth = self.index.longest_match(prompt)
-        best, best_len, best_takeover = None, 0, False
-        for seq in candidates:
-            if seq.tokens[:depth] != prompt[:depth]:
-                continue  # hash collision
-            n = common_prefix(seq.tokens, prompt, depth)
-            takeover = seq.request is None and n == len(seq.tokens)
-            if (n, takeover) > (best_len, best_takeover):
-                best, best_len, best_takeover = seq, n, takeover
-        return best, best_len
+    def _match(self, prompt: list[int]) -> tuple[Sequence | None, Sequence | None, int]:
+        """(owner, source, shared) for a new prompt.
 
-    def _start(self, req: Request, takeover: Sequence | None, fork: tuple[Sequence | None, int] | None,
+        owner: the longest parked sequence that `prompt` extends; the request takes its row over
+        (no copy). source: the cached sequence sharing the longest prefix with `prompt`, which
+        may hold more than the owner (group siblings with the same history so far).
+        """
+        levels = self.index.walk(prompt)
+        if not levels:
+            return None, None, 0
+        depth = len(levels) * BLOCK
+        source, shared = None, 0
+        for seq in levels[-1]:
+            if seq.tokens[:depth] == prompt[:depth]:  # else a hash collision
+                n = common_prefix(seq.tokens, prompt, depth)
+                if n > shared:
+                    source, shared = seq, n
+        owner = None
+        for level in range(len(levels) - 1, -1, -1):  # a parked sequence is listed at its last full block
+            for seq in levels[level]:
+                n = len(seq.tokens)
+                if (seq.request is None and len(seq.block_hashes) == level + 1 and n <= len(prompt)
+                        and (owner is None or n > len(owner.tokens)) and prompt[:n] == seq.tokens):
+                    owner = seq
+            if owner is not None:
+                break
+        return owner, source, shared
+
+    def _start(self, req: Request, owner: Sequence | None, source: Sequence | None, shared: int,
                version: int) -> None:
         self.clock += 1
-        if takeover is not None:
-            seq = takeover
+        if owner is not None:
+            seq = owner
             del self.parked[seq]
+            self._parked_tokens -= len(seq.tokens)
             seq.tokens = list(req.prompt)
+            seq.cached = min(seq.cached, len(req.prompt) - 1)
         else:
             seq = Sequence(list(req.prompt), self._free_row(), kv_version=version)
             self.rows[seq.row] = seq
-            source, shared = fork or (None, 0)
-            usable = min(shared, len(req.prompt) - 1)  # the last prompt id must run to give logits
-            if source is not None and usable > 0:
-                seq.fork_from = (source, usable)
+        self._reserved += req.reserved
+        self.cache.reserve(len(self.rows), req.reserved)
+        if source is not None and source is not seq:
+            root = source.twin_of or source
+            if (shared == len(req.prompt) and root.request is not None and len(root.tokens) == len(req.prompt)
+                    and root.uncached > 0):
+                seq.twin_of = root  # root's next logits are this prompt's: no pass of its own
+            elif min(shared, len(req.prompt) - 1) > seq.cached:  # the last id must run to give logits
+                seq.fork_from = (source, min(shared, len(req.prompt) - 1))
                 self.resolve_fork(seq)
-        seq.cached = min(seq.cached, len(req.prompt) - 1)
         seq.request, seq.admitted, seq.last_used = req, self.clock, self.clock
         req.seq = seq
-        req.reused = seq.cached if seq.fork_from is None else seq.fork_from[1]
+        req.reused = len(req.prompt) if seq.twin_of else seq.fork_from[1] if seq.fork_from else seq.cached
         self.active.append(seq)
-        self.cache.reserve(len(self.rows), req.reserved)
         if self.enable_prefix_caching:
             self.index.add(seq)
 
@@ -166,13 +188,31 @@ class Scheduler:
             return True
         source, n = seq.fork_from
         if source.row < 0 or (source.request is None and source.cached < n):
-            seq.fork_from, seq.cached = None, 0  # the source went away: prefill everything
+            seq.fork_from = None  # the source went away: prefill from what the row holds
             return True
         if source.cached < n:
             return False  # the source is still being prefilled
-        self.cache.copy_prefix(source.row, seq.row, n)
-        seq.cached, seq.kv_version, seq.fork_from = n, source.kv_version, None
+        self._copy(source, seq, n)
+        seq.fork_from = None
         return True
+
+    def resolve_twin(self, seq: Sequence, source_ready: bool) -> bool:
+        """Copy the whole prompt's KV from the twin's source once the source has run it (its
+        logits are then the twin's too); a source that went away leaves the twin to prefill."""
+        source = seq.twin_of
+        if source_ready:
+            self._copy(source, seq, len(seq.tokens))
+            seq.twin_of = None
+            return True
+        if source.request is None or source.row < 0:
+            seq.twin_of = None
+            seq.request.reused = seq.cached
+        return False
+
+    def _copy(self, source: Sequence, seq: Sequence, n: int) -> None:
+        self.cache.copy_range(source.row, seq.row, seq.cached, n)
+        seq.cached = n
+        seq.kv_version = min(seq.kv_version, source.kv_version)
 
     # ------------------------------------------------------------------ rows
     def _free_row(self) -> int:
@@ -201,11 +241,13 @@ class Scheduler:
     def finish(self, seq: Sequence) -> None:
         """The request of `seq` is done: park its KV for reuse (or free it)."""
         self.active.remove(seq)
+        self._reserved -= seq.request.reserved
         seq.request = None
         self.clock += 1
         seq.last_used = self.clock
-        if self.enable_prefix_caching and seq.fork_from is None:
+        if self.enable_prefix_caching and not seq.waiting_on_source:
             self.parked[seq] = None
+            self._parked_tokens += len(seq.tokens)
         else:
             self._free(seq)
 
@@ -213,6 +255,7 @@ class Scheduler:
         for seq in self.parked:
             if seq not in keep:
                 del self.parked[seq]
+                self._parked_tokens -= len(seq.tokens)
                 self._free(seq)
                 self.evictions += 1
                 return True
@@ -228,6 +271,7 @@ class Scheduler:
         for seq in list(self.parked):
             self._free(seq)
         self.parked.clear()
+        self._parked_tokens = 0
 
     def fail_all(self) -> list[Request]:
         """Remove every request (after an error); returns them, and forgets every sequence."""
@@ -236,6 +280,7 @@ class Scheduler:
             self._free(seq)
         self.active.clear()
         self.waiting.clear()
+        self._reserved = 0
         self.drop_parked()
         return reqs
 
