@@ -369,6 +369,23 @@ def timed_engine(model, tokenizer, cfg) -> LocalEngine:
     return engine
 
 
+def logprob_gap(model, trajs, temperature: float) -> tuple[float, float]:
+    """(max, mean) |engine logprob - float32 recomputation| over generated ids: the trainer's
+    `token_logprobs` on a float32 copy of `model`, over each whole episode."""
+    from agentrl.train.actor import token_logprobs
+
+    ref = copy.deepcopy(model).float()
+    diffs = []
+    with torch.inference_mode():
+        for t in trajs:
+            ids = torch.tensor([t.token_ids], device=next(ref.parameters()).device)
+            lp = token_logprobs(ref, ids, torch.ones_like(ids), temperature=temperature)[0].cpu()
+            mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+            diffs.append((lp[mask] - torch.tensor(t.logprobs)[mask]).abs())
+    d = torch.cat(diffs)
+    return float(d.max()), float(d.mean())
+
+
 def _sync(device: torch.device | None) -> None:
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize()
@@ -428,6 +445,7 @@ def main() -> None:
     if args.max_turns != 8:
         over += [f"env.max_turns={args.max_turns}", f"env.args.max_steps={args.max_turns}"]
     cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", over)
+    args.temperature = cfg.rollout.temperature
     env_factory = make_env_factory(cfg)
     model, tokenizer = build(args, cfg, env_factory)
     seed_everything(args.seed)
@@ -497,6 +515,9 @@ def report(args, model, runs: list[dict[str, dict]]) -> None:
               f"{eng['mean_decode_batch']:.1f}, KV cache {eng['kv_cache_mb']:.1f} MB; generation "
               f"{eng['gen_seconds']:.2f} s of {eng['seconds']:.2f} s (the rest is env, agent, chat template)")
         summary["prefill_per_new_token"] = round(eng["prefill_per_new_token"], 3)
+        gap_max, gap_mean = logprob_gap(model, eng["trajectories"], args.temperature)
+        print(f"engine logprobs vs float32 recomputation: max |diff| {gap_max:.2e}, mean {gap_mean:.2e}")
+        summary.update(logprob_gap_max=gap_max, logprob_gap_mean=gap_mean)
         summary["engine_passes"] = eng["passes"]
         for other in ("lockstep", "sequential"):
             if other in median:

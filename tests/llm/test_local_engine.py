@@ -110,6 +110,18 @@ def test_group_samples_share_the_prompt_prefill(tiny_model, tiny_tokenizer):
     assert len({tuple(o.token_ids) for o in outs}) > 1
 
 
+def test_without_prefix_caching_every_prompt_is_prefilled(tiny_model, tiny_tokenizer):
+    engine = _engine(tiny_model, tiny_tokenizer, enable_prefix_caching=False)
+    p = _prompts(tiny_tokenizer)[1]
+    outs = asyncio.run(_gather(engine, [p, p], [GREEDY, GREEDY]))
+    first = outs[0]
+    second = asyncio.run(engine.generate(_next_turn(tiny_tokenizer, p, first.token_ids), GREEDY))
+    assert engine.stats.cached_prompt_tokens == 0 and not engine.sched.parked
+    assert engine.stats.prefill_tokens == 2 * len(p) + len(_next_turn(tiny_tokenizer, p, first.token_ids))
+    assert outs[1].token_ids == first.token_ids == _greedy_ref(tiny_model, tiny_tokenizer, p, 12)
+    assert second.token_ids == _greedy_ref(tiny_model, tiny_tokenizer, _next_turn(tiny_tokenizer, p, first.token_ids), 12)
+
+
 def test_same_seed_same_output_whatever_the_batch(tiny_model, tiny_tokenizer):
     prompts = _prompts(tiny_tokenizer)
     s = SamplingParams(temperature=1.0, max_new_tokens=10, seed=1234)
