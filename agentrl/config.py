@@ -121,8 +121,8 @@ class RolloutConfig:
     max_num_seqs: int = 256
     """Most sequences the local engine decodes at once (vLLM's name); further requests queue."""
     max_num_batched_tokens: int = 8192
-    """Most prompt ids the local engine prefills in one forward pass; a longer prefill is split
-    into chunks over several steps (vLLM's name)."""
+    """Most positions (padding included) of one prefill pass of the local engine; a longer
+    prompt is prefilled in chunks over several steps (vLLM's name)."""
     max_total_tokens: Optional[int] = None
     """KV-cache budget of the local engine in tokens (SGLang's name): a running sequence counts
     its prompt + max_new_tokens, a parked prefix cache its length; requests beyond it queue.

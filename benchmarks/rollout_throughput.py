@@ -159,11 +159,12 @@ class Recorder:
 
     def __init__(self, inner) -> None:
         self.inner = inner
-        self.calls: dict[int, list[tuple[list[int], list[int]]]] = defaultdict(list)
+        # Keyed by the episode's task object (kept alive here, so that no later episode reuses its id).
+        self.calls: dict[asyncio.Task, list[tuple[list[int], list[int]]]] = defaultdict(list)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         out = await self.inner.generate(prompt_ids, sampling)
-        self.calls[id(asyncio.current_task())].append((list(prompt_ids), list(out.token_ids)))
+        self.calls[asyncio.current_task()].append((list(prompt_ids), list(out.token_ids)))
         return out
 
     def per_turn(self) -> tuple[list[int], list[int], list[int], list[int]]:

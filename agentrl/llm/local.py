@@ -249,15 +249,16 @@ class LocalEngine:
         return ready, logits
 
     def _prefill_plan(self) -> list[tuple[Sequence, int]]:
-        """(sequence, ids to prefill now) in admission order, within max_num_batched_tokens."""
-        todo = [s for s in self.sched.active if not s.waiting_on_source and s.uncached > 1]
-        budget, plan = self.max_num_batched_tokens, []
-        for seq in sorted(todo, key=lambda s: s.admitted):
-            if budget <= 0:
-                break
+        """(sequence, ids to prefill now) in admission order: the left-padded pass, rows times
+        its widest chunk, stays within max_num_batched_tokens (the first chunk is cut to fit)."""
+        budget, plan, width = self.max_num_batched_tokens, [], 0
+        for seq in sorted((s for s in self.sched.active if not s.waiting_on_source and s.uncached > 1),
+                          key=lambda s: s.admitted):
             n = min(seq.uncached, budget)
+            if max(width, n) * (len(plan) + 1) > budget:
+                continue  # does not fit beside the chunks already planned; it runs at a later step
             plan.append((seq, n))
-            budget -= n
+            width = max(width, n)
         return plan
 
     def _prefill(self, plan: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:

@@ -255,7 +255,9 @@ class Trainer:
             self.critic.load_state_dict(state["critic"])
         set_rng_state(state["rng"])
         self.sync()
-        self.engine.load_state_dict(state["engine"])
+        # Checkpoints written before the engine had a state API kept these two keys.
+        self.engine.load_state_dict(state.get("engine") or {"policy_version": state["policy_version"],
+                                                            "seed_rng": state["engine_rng"]})
 
     def _due(self, freq: int) -> bool:
         return freq > 0 and self.step_idx % freq == 0 and self.step_idx < self.cfg.trainer.total_steps
