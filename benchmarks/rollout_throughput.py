@@ -14,7 +14,9 @@ The workload is what `agentrl train` collects each step, at 64 episodes: 8 group
       (c)'s token counts: per turn, one prefill pass and then decode passes over the episodes
       still playing, all in lockstep with the turn's mean chunk and reply length. Only what a
       perfect prefix cache computes is prefilled (each distinct prefix once: a group's shared
-      first prompt once; the other rows get a copy of its keys/values).
+      first prompt once; the other rows get a copy of its keys/values);
+  (e) replay: the episodes again, every request answered at once with (c)'s completion: the
+      env, agent and chat-template work alone, which no engine can remove from a rollout.
 
 (a) and (b) sample with the engine's per-request seeded streams (a logits processor), so the
 three play the same episodes up to float ties; the report says how many came out identical.
@@ -36,6 +38,7 @@ import asyncio
 import copy
 import json
 import random
+import statistics
 import sys
 import threading
 import time
@@ -83,7 +86,7 @@ class SeededSampling(LogitsProcessor):
             self.tokens[i].append(t)
             self.logprobs[i].append(lp)
         forced = torch.full_like(scores, float("-inf"))
-        forced[torch.arange(len(tokens)), torch.tensor(tokens, device=scores.device)] = 0.0
+        forced[torch.arange(len(tokens), device=scores.device), torch.tensor(tokens, device=scores.device)] = 0.0
         return forced
 
 
@@ -154,6 +157,19 @@ class LockstepClient:
                 fut.set_result(out)
 
 
+class ReplayClient:
+    """(e) replay: answers every request at once with the completion the engine gave it, so that
+    a rollout measures the env, agent and chat-template work alone (a floor for any engine)."""
+
+    def __init__(self, replies: dict) -> None:
+        self.replies = replies
+        self.clock = Clock()
+        self.prefill_tokens = 0
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        return self.replies[(tuple(prompt_ids), sampling.seed)]
+
+
 class Recorder:
     """Wraps a client and records every episode's requests: prompt ids and generated ids."""
 
@@ -161,10 +177,12 @@ class Recorder:
         self.inner = inner
         # Keyed by the episode's task object (kept alive here, so that no later episode reuses its id).
         self.calls: dict[asyncio.Task, list[tuple[list[int], list[int]]]] = defaultdict(list)
+        self.replies: dict[tuple, Completion] = {}  # (prompt, seed) -> completion, for the replay
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         out = await self.inner.generate(prompt_ids, sampling)
         self.calls[asyncio.current_task()].append((list(prompt_ids), list(out.token_ids)))
+        self.replies[(tuple(prompt_ids), sampling.seed)] = out
         return out
 
     def per_turn(self) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -314,6 +332,8 @@ def run_method(name: str, model, tokenizer, cfg, env_factory, tasks, device, wor
         client = SequentialClient(model, pad, eos)
     elif name == "lockstep":
         client = LockstepClient(model, pad, eos)
+    elif name in ("limit", "replay"):
+        client = ReplayClient(workload["replies"] if workload else {})
     else:
         engine = client = ENGINES.get(id(model)) or ENGINES.setdefault(id(model), timed_engine(model, tokenizer, cfg))
         # As in training: a weight update before each collect (drops the prefix caches of the
@@ -338,7 +358,7 @@ def run_method(name: str, model, tokenizer, cfg, env_factory, tasks, device, wor
         generated = sum(gen)
         prefilled = engine.stats.padded_prefill_tokens + engine.stats.decode_prompt_tokens if engine else \
             client.prefill_tokens
-        workload = {"new": new, "gen": gen, "ideal": ideal, "rows": rows}
+        workload = {"new": new, "gen": gen, "ideal": ideal, "rows": rows, "replies": dict(rec.replies)}
     else:
         new = workload["new"]
     row = {"method": name, "seconds": total.wall, "cpu_seconds": total.cpu, "gen_seconds": gen_clock.wall,
@@ -426,7 +446,7 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=64, help="a multiple of --group-size")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--methods", default="sequential,lockstep,engine,limit")
+    p.add_argument("--methods", default="sequential,lockstep,engine,limit,replay")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per method; ratios are medians over "
                    "repeats (sequential runs once)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -452,9 +472,9 @@ def main() -> None:
     seed_everything(args.seed)
     tasks = make_tasks(args.seed, 1, args.episodes // args.group_size, args.group_size)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    order = [m for m in ("engine", "lockstep", "sequential", "limit") if m in methods]  # limit needs engine
-    if "limit" in order and "engine" not in order:
-        raise SystemExit("--methods limit needs engine (it replays the engine's token counts)")
+    order = [m for m in ("engine", "lockstep", "sequential", "limit", "replay") if m in methods]
+    if {"limit", "replay"} & set(order) and "engine" not in order:
+        raise SystemExit("--methods limit and replay need engine (they replay its workload)")
     runs: list[dict[str, dict]] = []
     for r in range(args.repeats):
         rows: dict[str, dict] = {}
@@ -463,7 +483,7 @@ def main() -> None:
                 rows[name] = runs[0][name]
                 continue
             rows[name] = run_method(name, model, tokenizer, cfg, env_factory, tasks, args.device,
-                                    workload=rows["engine"]["workload"] if name == "limit" else None)
+                                    workload=rows["engine"]["workload"] if name in ("limit", "replay") else None)
             print(f"  run {r + 1} {name:10s} wall {rows[name]['seconds']:7.2f} s  cpu "
                   f"{rows[name]['cpu_seconds']:7.2f} s", file=sys.stderr)
         runs.append(rows)
@@ -508,8 +528,7 @@ def report(args, model, runs: list[dict[str, dict]]) -> None:
                "peak_mem_mb": {k: round(max(r[k]["peak_mem_mb"] for r in runs), 1) for k in median}}
     for key, (method, base, rate) in RATIOS.items():
         if method in median and base in median:
-            ratios = sorted(r[method][rate] / r[base][rate] for r in runs)
-            summary[key] = round(ratios[len(ratios) // 2], 3)
+            summary[key] = round(statistics.median(r[method][rate] / r[base][rate] for r in runs), 3)
     eng = median.get("engine")
     if eng:
         print(f"engine: {eng['steps']} steps, {eng['passes']} forward passes, mean decode batch "
@@ -520,6 +539,13 @@ def report(args, model, runs: list[dict[str, dict]]) -> None:
         print(f"engine logprobs vs float32 recomputation: max |diff| {gap_max:.2e}, mean {gap_mean:.2e}")
         summary.update(logprob_gap_max=gap_max, logprob_gap_mean=gap_mean)
         summary["engine_passes"] = eng["passes"]
+        if "replay" in median and "limit" in median:
+            # The env, agent and chat template run on the same cores as the model: even a
+            # generation as fast as the limit leaves the rollout this fraction of the limit.
+            bound = statistics.median(r["limit"]["seconds"] / (r["limit"]["seconds"] + r["replay"]["seconds"])
+                                      for r in runs)
+            summary["fraction_of_limit_bound_by_agent_env"] = round(bound, 3)
+            summary["agent_env_seconds"] = round(median["replay"]["seconds"], 3)
         for other in ("lockstep", "sequential"):
             if other in median:
                 same = sum(a.token_ids == b.token_ids for a, b in zip(eng["trajectories"], median[other]["trajectories"]))

@@ -120,8 +120,8 @@ class LocalEngine:
 
     @property
     def device(self) -> torch.device:
-        """Where the engine's model lives."""
-        return next(self.model.parameters()).device
+        """Where the engine's model (and its KV cache) lives."""
+        return self.cache.device
 
     # ------------------------------------------------------------------ public API
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
@@ -236,14 +236,16 @@ class LocalEngine:
 
     def _add_twins(self, ready: list[Sequence], logits: torch.Tensor) -> tuple[list[Sequence], torch.Tensor]:
         """Twins whose source got its logits this step take the same logits (and copy its KV)."""
+        twins = [s for s in self.sched.active if s.twin_of is not None]
+        if not twins:
+            return ready, logits
         where = {seq: i for i, seq in enumerate(ready)}
         rows = []
-        for seq in self.sched.active:
-            if seq.twin_of is not None:
-                i = where.get(seq.twin_of)
-                if self.sched.resolve_twin(seq, source_ready=i is not None):
-                    ready.append(seq)
-                    rows.append(i)
+        for seq in twins:
+            i = where.get(seq.twin_of)
+            if self.sched.resolve_twin(seq, source_ready=i is not None):
+                ready.append(seq)
+                rows.append(i)
         if rows:
             logits = torch.cat([logits, logits[torch.tensor(rows, device=logits.device)]])
         return ready, logits

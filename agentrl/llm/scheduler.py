@@ -225,6 +225,8 @@ class Scheduler:
     def arrange_decode_rows(self, seqs: list[Sequence]) -> None:
         """Move `seqs` into rows 0..len-1 (by swapping rows) so a decode pass reads a view."""
         n = len(seqs)
+        if all(s.row < n for s in seqs):
+            return  # the usual case: nobody joined or left since the last pass
         wanted = set(seqs)
         holes = [r for r in range(n) if self.rows[r] not in wanted]
         movers = [s for s in seqs if s.row >= n]
