@@ -139,7 +139,20 @@ class RolloutConfig:
     max_new_tokens: int = 8
     """Most tokens per reply; a reply cut off there is treated as no answer (format penalty)."""
     max_num_seqs: int = 256
-    """Most sequences the local engine decodes at once (vLLM's name)."""
+    """Most sequences the local engine decodes at once (vLLM's name); further requests queue."""
+    max_num_batched_tokens: int = 8192
+    """Most positions (padding included) of one prefill pass of the local engine; a longer
+    prompt is prefilled in chunks over several steps (vLLM's name)."""
+    max_total_tokens: Optional[int] = None
+    """KV-cache budget of the local engine in tokens (SGLang's name): a running sequence counts
+    its prompt + max_new_tokens, a parked prefix cache its length; requests beyond it queue.
+    null = max_num_seqs * the context limit."""
+    enable_prefix_caching: bool = True
+    """Keep each episode's KV between turns and share prompt prefixes (a GRPO group's first
+    prompt), so that only new ids are prefilled (vLLM's name)."""
+    kv_on_weight_update: Literal["recompute", "keep"] = "recompute"
+    """After a weight update, KV computed under older weights is recomputed (running sequences
+    re-prefill, parked prefix caches are dropped) or kept and reported in Completion.kv_version."""
     rollout_filter_ratio: float = 1.0
     """RAGEN's variance filter: keep this fraction of groups, those with the largest reward std
     (1.0 keeps all)."""
@@ -148,9 +161,9 @@ class RolloutConfig:
     max_new_tokens is cut to what is left); 0 = no limit. An episode that has spent it ends as
     truncated, with info truncation_reason=token_budget."""
     max_model_len: int = 0
-    """Context limit of one episode, prompt and every turn (vLLM's name); 0 = the model's
-    max_position_embeddings. An episode whose next prompt leaves no room to reply ends as
-    truncated, with info truncation_reason=context."""
+    """Context limit of one episode, prompt and every turn, and the longest sequence the local
+    engine serves (vLLM's name); 0 = the model's max_position_embeddings. An episode whose next
+    prompt leaves no room to reply ends as truncated, with info truncation_reason=context."""
     max_staleness: int = 0
     """Asynchronous rollout (AReaL): 0 trains on-policy, collecting each step's episodes after the
     previous update; k >= 1 plays episodes for later steps in a background thread while the
@@ -489,6 +502,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"rollout.max_retries={r.max_retries} must be >= 0")
     if not 0.0 <= r.max_failed_fraction <= 1.0:
         raise ConfigError(f"rollout.max_failed_fraction={r.max_failed_fraction} must be in [0, 1]")
+    _positive(r, "rollout", "max_num_batched_tokens")
+    if r.max_total_tokens is not None and r.max_total_tokens < 2:
+        raise ConfigError(f"rollout.max_total_tokens={r.max_total_tokens} must be at least 2 tokens (or null for the default)")
     for name in ("clip_ratio_low", "clip_ratio_high", "lr", "weight_decay", "grad_clip"):
         if getattr(a, name) < 0:
             raise ConfigError(f"actor.{name}={getattr(a, name)} must be >= 0")

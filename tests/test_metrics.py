@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentrl.errors import ConfigError
-from agentrl.metrics import (MetricsLogger, Timer, mean_metrics, plot_curves, read_jsonl, summary_table,
+from agentrl.metrics import (MetricsLogger, Timer, plot_curves, read_jsonl, summary_table,
                              write_summary)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -155,8 +155,3 @@ def test_timer_accumulates_same_scope():
     assert out["perf/time_collect"] >= 0.04  # both sleeps count; no upper bound: machines are noisy
     assert timer.pop() == {}
 
-
-def test_mean_metrics_over_present_rows():
-    rows = [{"a": 1.0, "b": 10.0}, {"a": 3.0}, {"a": np.float32(5.0)}]
-    assert mean_metrics(rows) == {"a": 3.0, "b": 10.0}
-    assert mean_metrics([]) == {}

@@ -44,6 +44,9 @@ class Conversation:
     rewards: list[float] = field(default_factory=list)  # one per agent turn
     reward_positions: list[int] = field(default_factory=list)  # last generated id of each turn
     _rendered: str = ""
+    # The rendering with the generation prompt and the header's ids, for a message count: the
+    # prompt and the completion of one turn both need them, and rendering grows with the history.
+    _with_header: tuple[int, str, list[int]] | None = None
 
     # ------------------------------------------------------------------ messages we write
     def add_message(self, role: str, content: str) -> None:
@@ -55,7 +58,7 @@ class Conversation:
 
     def prompt_ids(self) -> list[int]:
         """The ids to send to the engine: everything so far plus the assistant header."""
-        return self.token_ids + self._generation_prompt_ids()
+        return self.token_ids + self._generation_prompt()[1]
 
     def num_prompt_tokens(self) -> int:
         """Length of the next prompt."""
@@ -110,7 +113,7 @@ class Conversation:
     # ------------------------------------------------------------------ the model's reply
     def add_completion(self, completion: Completion, eos_token_ids: tuple[int, ...]) -> str:
         """Append the engine's ids verbatim (mask 1) and close the turn; return the reply text."""
-        header = self._generation_prompt_ids()
+        prefix, header = self._generation_prompt()
         self._append_ids(header, mask=0)
         ids = list(completion.token_ids)
         versions = completion.versions or [completion.policy_version] * len(ids)
@@ -123,7 +126,6 @@ class Conversation:
         ended = bool(ids) and ids[-1] in eos_token_ids
         content_ids = ids[:-1] if ended else ids
         content = self.tokenizer.decode(content_ids, skip_special_tokens=True)
-        prefix = self._render(add_generation_prompt=True)
         self.messages.append({"role": "assistant", "content": content})
         full = self._render(add_generation_prompt=False)
         if not full.startswith(prefix + content):
@@ -156,9 +158,12 @@ class Conversation:
             raise ConfigError(NOT_PREFIX_PRESERVING.format(where=where))
         return text[len(self._rendered):]
 
-    def _generation_prompt_ids(self) -> list[int]:
-        text = self._render(add_generation_prompt=True)
-        return self._encode(self._delta(text))
+    def _generation_prompt(self) -> tuple[str, list[int]]:
+        """(rendering with the generation prompt, the header's ids), rendered once per turn."""
+        if self._with_header is None or self._with_header[0] != len(self.messages):
+            text = self._render(add_generation_prompt=True)
+            self._with_header = (len(self.messages), text, self._encode(self._delta(text)))
+        return self._with_header[1], list(self._with_header[2])
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []

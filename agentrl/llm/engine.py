@@ -15,7 +15,8 @@ class SamplingParams:
     top_k: int = -1
     max_new_tokens: int = 16
     greedy: bool = False
-    stop_token_ids: tuple[int, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # generation ends with (and includes) any of these ids
+    stop: tuple[str, ...] = ()  # generation ends with the id that completes any of these strings
     seed: int | None = None  # per-request seed: same seed and prompt, same output
 
 
@@ -28,9 +29,11 @@ class Completion:
 
     token_ids: list[int]
     logprobs: list[float]  # log p(token) under the temperature-scaled policy, one per token
-    finish_reason: FinishReason  # stop: EOS/stop id generated (and included); length: budget hit
-    policy_version: int = 0
+    finish_reason: FinishReason  # stop: EOS/stop id/stop string generated (and included); length: budget hit
+    policy_version: int = 0  # version of the weights that produced the last id
     versions: list[int] = field(default_factory=list)  # policy version that produced each id
+    stop_reason: int | str | None = None  # the stop id or string that ended it (None for EOS, length, abort)
+    kv_version: int | None = None  # oldest weights version among the cached keys/values it attended to
 
 
 class LLMClient(Protocol):

@@ -333,8 +333,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self) -> None:
-        state = {"policy_version": self.version, "rng": rng_state(),
-                 "engine_rng": self._on_engine(self.engine._seed_rng.getstate), "summary": dict(self.summary),
+        state = {"policy_version": self.version, "engine": self._on_engine(self.engine.state_dict),
+                 "rng": rng_state(), "summary": dict(self.summary),
                  "stream": self.stream.state() if self.stream is not None else None,
                  "kl_coef": self.kl_ctrl.value,
                  "critic": self.critic.state_dict() if self.critic is not None else None}
@@ -358,9 +358,11 @@ class Trainer:
             self.critic.load_state_dict(state["critic"])
         set_rng_state(state["rng"])
         self.sync()
-        self.engine.policy_version = self.version = int(state["policy_version"])
+        self.version = int(state["policy_version"])
         self._stream_state = state.get("stream")
-        self.engine._seed_rng.setstate(state["engine_rng"])
+        # Checkpoints written before the engine had a state API kept its seed stream as engine_rng.
+        self.engine.load_state_dict(state.get("engine") or {"policy_version": self.version,
+                                                            "seed_rng": state["engine_rng"]})
 
     def _per_tag_summary(self, evaluation: dict[str, float], when: str) -> dict[str, float]:
         """eval_<tag>_success_<when> (and baselines) for runs that mix several tags."""
