@@ -59,7 +59,10 @@ from agentrl.llm.sampler import sample_next  # noqa: E402
 from agentrl.models.tiny import build_model, build_tokenizer  # noqa: E402
 from agentrl.rollout.collector import RolloutCollector, make_tasks  # noqa: E402
 from agentrl.rollout.demos import corpus  # noqa: E402
-from agentrl.runtime.local import load_policy, make_agent, make_env_factory, seed_everything  # noqa: E402
+from agentrl.runtime.envs import make_agent, make_env_factories  # noqa: E402
+from agentrl.runtime.local import load_policy, seed_everything  # noqa: E402
+
+TAG = "frozen_lake"  # the default config's one env, tagged by its type
 
 SHAPES = {
     "tiny": None,  # TinyModelConfig() defaults: the embedded model `agentrl train` uses
@@ -323,10 +326,10 @@ class PeakMemory:
             self.peak = self.rss - self.base
 
 
-def run_method(name: str, model, tokenizer, cfg, env_factory, tasks, device, workload=None) -> dict:
+def run_method(name: str, model, tokenizer, cfg, tag, env_factory, tasks, device, workload=None) -> dict:
     """Play `tasks` with method `name`; returns its measurements."""
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    agent = make_agent(cfg, tokenizer)
+    agent = make_agent(cfg, tag, tokenizer)
     engine = None
     if name == "sequential":
         client = SequentialClient(model, pad, eos)
@@ -342,7 +345,7 @@ def run_method(name: str, model, tokenizer, cfg, env_factory, tasks, device, wor
         engine.stats.pop()
         engine.clock = Clock(device)
     rec = Recorder(client)
-    collector = RolloutCollector(env_factory, agent, rec)
+    collector = RolloutCollector.single(env_factory, agent, rec, tag=tag)
     total = Clock(device)
     with PeakMemory(device) as mem, total:
         if name == "limit":
@@ -366,7 +369,8 @@ def run_method(name: str, model, tokenizer, cfg, env_factory, tasks, device, wor
            "new_prompt_tokens": sum(new), "prefill_per_new_token": prefilled / max(1, sum(new)),
            "peak_mem_mb": mem.peak / 2**20, "trajectories": trajs, "workload": workload}
     for key in ("seconds", "cpu_seconds", "gen_seconds", "gen_cpu_seconds"):
-        row[key.replace("seconds", "tokens_per_s")] = generated / max(row[key], 1e-9)
+        # replay generates nothing itself (its gen clock reads 0): report 0, not a huge rate
+        row[key.replace("seconds", "tokens_per_s")] = generated / row[key] if row[key] > 1e-6 else 0.0
     if engine is not None:
         s = engine.stats
         row.update(real_prefill_tokens=s.prefill_tokens, kv_cache_mb=engine.cache.peak_bytes / 2**20,
@@ -418,7 +422,7 @@ def build(args, cfg, env_factory):
     if args.weights == "warm":
         if args.model != "tiny":
             raise SystemExit("--weights warm exists only for --model tiny (the warm-started default)")
-        model, tokenizer = load_policy(cfg, env_factory, log=lambda m: print(m, file=sys.stderr))
+        model, tokenizer = load_policy(cfg, {TAG: env_factory}, log=lambda m: print(m, file=sys.stderr))
     else:
         tokenizer = build_tokenizer(corpus(env_factory, max_turns=cfg.env.max_turns, seed=cfg.seed),
                                     cfg.model.tiny.vocab_size)
@@ -467,10 +471,11 @@ def main() -> None:
         over += [f"env.max_turns={args.max_turns}", f"env.args.max_steps={args.max_turns}"]
     cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", over)
     args.temperature = cfg.rollout.temperature
-    env_factory = make_env_factory(cfg)
+    (env_factory,) = make_env_factories(cfg).values()
     model, tokenizer = build(args, cfg, env_factory)
     seed_everything(args.seed)
-    tasks = make_tasks(args.seed, 1, args.episodes // args.group_size, args.group_size)
+    tasks = make_tasks(args.seed, 1, args.episodes // args.group_size, args.group_size,
+                       tags=[TAG] * (args.episodes // args.group_size))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     order = [m for m in ("engine", "lockstep", "sequential", "limit", "replay") if m in methods]
     if {"limit", "replay"} & set(order) and "engine" not in order:
@@ -482,7 +487,7 @@ def main() -> None:
             if name == "sequential" and r > 0:  # slow, and its ratio is far from any target
                 rows[name] = runs[0][name]
                 continue
-            rows[name] = run_method(name, model, tokenizer, cfg, env_factory, tasks, args.device,
+            rows[name] = run_method(name, model, tokenizer, cfg, TAG, env_factory, tasks, args.device,
                                     workload=rows["engine"]["workload"] if name in ("limit", "replay") else None)
             print(f"  run {r + 1} {name:10s} wall {rows[name]['seconds']:7.2f} s  cpu "
                   f"{rows[name]['cpu_seconds']:7.2f} s", file=sys.stderr)
