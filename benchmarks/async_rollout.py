@@ -18,6 +18,7 @@ only on the env seed, so every mode waits for the same envs). The last line is a
 
     python benchmarks/async_rollout.py              # full run (a few minutes on 2 CPU cores)
     python benchmarks/async_rollout.py --quick      # a smoke run
+    python benchmarks/async_rollout.py --batch-size 64 --group-size 2   # 32 independent latency plans
 """
 
 from __future__ import annotations
@@ -156,10 +157,16 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=6, help="training steps per mode (the first is not timed)")
     p.add_argument("--quick", action="store_true", help="tiny budget, for a smoke run")
+    p.add_argument("--batch-size", type=int, default=32, help="episodes per step (rollout.batch_size)")
+    p.add_argument("--group-size", type=int, default=4,
+                   help="episodes per env seed; a group's episodes share their latency plan, so "
+                        "batch_size / group_size is the number of independent plans per step")
+    p.add_argument("--long-prob", type=float, default=0.05, help="chance that one env step is a long one")
     args = p.parse_args(argv)
     steps = 2 if args.quick else args.steps
-    base = ["env.type=tool_latency", "env.max_turns=8", "rollout.batch_size=32", "rollout.group_size=4",
-            "rollout.max_new_tokens=8", "actor.ppo_mini_batch_size=32", "actor.micro_batch_size=16",
+    base = ["env.type=tool_latency", "env.max_turns=8", f"rollout.batch_size={args.batch_size}",
+            f"rollout.group_size={args.group_size}", f"env.args.long_prob={args.long_prob}",
+            "rollout.max_new_tokens=8", f"actor.ppo_mini_batch_size={args.batch_size}", "actor.micro_batch_size=16",
             f"trainer.total_steps={steps}", "trainer.test_freq=0", "trainer.save_freq=0",
             "trainer.eval_episodes=1", "trainer.progress=false", "trainer.logger=[jsonl]",
             "model.warm_start.max_steps=1"]
