@@ -49,7 +49,7 @@ Termination: the player reaches the goal or falls into a hole. Truncation: `max_
 
 from __future__ import annotations
 
-import math
+import functools
 import random
 from typing import Any
 
@@ -58,6 +58,7 @@ import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import MAPS, generate_random_map
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as _GymFrozenLake
 
+from agentrl.envs.args import check_arg, is_int, is_number
 from agentrl.envs.parsing import DIRECTIONS, parse_direction
 from agentrl.errors import ConfigError, EnvError
 from agentrl.registry import register_env
@@ -173,14 +174,7 @@ def _lakes(descs: list, is_slippery: bool) -> list[_GymFrozenLake]:
     return [_GymFrozenLake(desc=_rows(d), is_slippery=is_slippery) for d in descs]
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
-    """Raise a ConfigError naming the argument, its value and what is allowed."""
-    if not ok:
-        raise ConfigError(f"frozen_lake: {name}={value!r} is invalid; {name} must be {allowed}")
+_check = functools.partial(check_arg, "frozen_lake")
 
 
 class FrozenLakeEnv:
@@ -201,21 +195,17 @@ class FrozenLakeEnv:
         show_position: bool = True,
     ) -> None:
         # Bounds keep generate_random_map quick: it retries until a map is solvable.
-        _check(_is_int(size) and 2 <= size <= 16, "size", size, "an int from 2 to 16")
+        _check(is_int(size) and 2 <= size <= 16, "size", size, "an int from 2 to 16")
         _check(map_name is None or map_name in MAPS, "map_name", map_name, '"4x4", "8x8" or None')
-        _check(
-            isinstance(frozen_prob, (int, float)) and not isinstance(frozen_prob, bool)
-            and 0.5 <= frozen_prob <= 1.0,
-            "frozen_prob", frozen_prob, "a number from 0.5 to 1.0",
-        )
+        _check(is_number(frozen_prob) and 0.5 <= frozen_prob <= 1.0,
+               "frozen_prob", frozen_prob, "a number from 0.5 to 1.0")
         _check(isinstance(is_slippery, bool), "is_slippery", is_slippery, "True or False")
-        _check(_is_int(max_steps) and max_steps >= 1, "max_steps", max_steps, "an int >= 1")
+        _check(is_int(max_steps) and max_steps >= 1, "max_steps", max_steps, "an int >= 1")
         rewards = dict(success_reward=success_reward, step_reward=step_reward,
                        hole_reward=hole_reward, format_penalty=format_penalty,
                        progress_reward=progress_reward)
         for name, value in rewards.items():
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            _check(ok and math.isfinite(value), name, value, "a finite number")
+            _check(is_number(value), name, value, "a finite number")
         self.size, self.map_name, self.frozen_prob = size, map_name, float(frozen_prob)
         self.is_slippery, self.max_steps = is_slippery, max_steps
         self.success_reward, self.step_reward = float(success_reward), float(step_reward)

@@ -42,12 +42,12 @@ synthetic: `min_operand`, `max_operand` (operand size), `num_ops` (operations pe
 
 from __future__ import annotations
 
-import math
 import random
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from agentrl.envs.args import is_number
 from agentrl.envs.math_grader import shared_grader
 from agentrl.envs.text import answer_content
 from agentrl.errors import ConfigError, EnvError
@@ -108,10 +108,6 @@ def _load(path: str, mtime: int, question_key: str, answer_key: str) -> tuple[tu
     return tuple((str(q), str(a)) for q, a in zip(ds[question_key], ds[answer_key]))
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 class MathEnv:
     """One question per episode; each step grades one answer with math-verify."""
 
@@ -140,9 +136,9 @@ class MathEnv:
             raise ConfigError(f"math: ops={ops!r} must be a non-empty string of operators from {OPERATORS!r}")
         for name, value in dict(correct_reward=correct_reward, wrong_reward=wrong_reward,
                                 format_penalty=format_penalty).items():
-            if not _number(value):
+            if not is_number(value):
                 raise ConfigError(f"math: {name}={value!r} must be a finite number")
-        if not _number(timeout) or timeout <= 0:
+        if not is_number(timeout) or timeout <= 0:
             raise ConfigError(f"math: timeout={timeout!r} must be a number of seconds > 0")
         self.rows = load_problems(dataset_path, question_key, answer_key) if dataset_path else None
         self.min_operand, self.max_operand, self.num_ops, self.ops = min_operand, max_operand, num_ops, ops

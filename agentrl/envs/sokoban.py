@@ -65,13 +65,14 @@ it did not find the walls around P; with the neighbour line it began to drop (0.
 
 from __future__ import annotations
 
-import math
+import functools
 import random
 from typing import Any
 
+from agentrl.envs.args import check_arg, is_int, is_number
 from agentrl.envs.parsing import DIRECTIONS, parse_direction
 from agentrl.envs.sokoban_room import Room, Solution, generate_room, solve
-from agentrl.errors import ConfigError, EnvError
+from agentrl.errors import EnvError
 from agentrl.registry import register_env
 
 SYMBOLS = {"wall": "#", "floor": "_", "target": "O", "box": "X", "box_on_target": "√",
@@ -153,18 +154,7 @@ def best_blind_success(rooms: list[Room], horizon: int) -> float:
     return best(list(rooms), horizon) / len(rooms) if rooms else 0.0
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _check(ok: bool, name: str, value: Any, allowed: str) -> None:
-    """Raise a ConfigError naming the argument, its value and what is allowed."""
-    if not ok:
-        raise ConfigError(f"sokoban: {name}={value!r} is invalid; {name} must be {allowed}")
+_check = functools.partial(check_arg, "sokoban")
 
 
 class SokobanEnv:
@@ -190,27 +180,27 @@ class SokobanEnv:
         show_neighbours: bool = False,
     ) -> None:
         ok = (isinstance(dim_room, (list, tuple)) and len(dim_room) == 2
-              and all(_is_int(n) and 4 <= n <= 16 for n in dim_room))
+              and all(is_int(n) and 4 <= n <= 16 for n in dim_room))
         _check(ok, "dim_room", dim_room, "[rows, cols], two ints from 4 to 16 (the wall ring included)")
         rows, cols = dim_room
-        _check(_is_int(num_boxes) and 1 <= num_boxes <= 4, "num_boxes", num_boxes, "an int from 1 to 4")
-        _check(_is_int(max_steps) and max_steps >= 1, "max_steps", max_steps, "an int >= 1")
-        _check(max_solution_moves is None or (_is_int(max_solution_moves) and max_solution_moves >= 1),
+        _check(is_int(num_boxes) and 1 <= num_boxes <= 4, "num_boxes", num_boxes, "an int from 1 to 4")
+        _check(is_int(max_steps) and max_steps >= 1, "max_steps", max_steps, "an int >= 1")
+        _check(max_solution_moves is None or (is_int(max_solution_moves) and max_solution_moves >= 1),
                "max_solution_moves", max_solution_moves, "null or an int >= 1")
         self.max_moves = min(max_steps, max_solution_moves or max_steps)
-        _check(_is_int(min_solution_moves) and 1 <= min_solution_moves <= self.max_moves,
+        _check(is_int(min_solution_moves) and 1 <= min_solution_moves <= self.max_moves,
                "min_solution_moves", min_solution_moves,
                f"an int from 1 to min(max_steps, max_solution_moves) = {self.max_moves}")
-        _check(num_gen_steps is None or (_is_int(num_gen_steps) and num_gen_steps >= 1),
+        _check(num_gen_steps is None or (is_int(num_gen_steps) and num_gen_steps >= 1),
                "num_gen_steps", num_gen_steps, "null or an int >= 1")
-        _check(_is_number(p_change_directions) and 0.0 <= p_change_directions <= 1.0,
+        _check(is_number(p_change_directions) and 0.0 <= p_change_directions <= 1.0,
                "p_change_directions", p_change_directions, "a number from 0 to 1")
-        _check(_is_int(search_depth) and search_depth >= 1, "search_depth", search_depth, "an int >= 1")
+        _check(is_int(search_depth) and search_depth >= 1, "search_depth", search_depth, "an int >= 1")
         rewards = dict(step_reward=step_reward, box_on_target_reward=box_on_target_reward,
                        box_off_target_reward=box_off_target_reward, success_reward=success_reward,
                        format_penalty=format_penalty, progress_reward=progress_reward)
         for name, value in rewards.items():
-            _check(_is_number(value), name, value, "a finite number")
+            _check(is_number(value), name, value, "a finite number")
         _check(isinstance(show_position, bool), "show_position", show_position, "True or False")
         _check(isinstance(show_neighbours, bool), "show_neighbours", show_neighbours, "True or False")
         self.rows, self.cols, self.num_boxes, self.max_steps = rows, cols, num_boxes, max_steps

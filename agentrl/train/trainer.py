@@ -27,7 +27,7 @@ from agentrl.config import Config
 from agentrl.errors import RolloutError
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, RolloutCollector, make_tasks
-from agentrl.rollout.stats import by_tag, tag_metrics, truncation_metrics
+from agentrl.rollout.stats import by_tag, episode_stats, tag_metrics, truncation_metrics
 from agentrl.rollout.stream import RolloutStream
 from agentrl.rollout.trajectory import Task, Trajectory
 from agentrl.train.actor import Actor
@@ -277,15 +277,9 @@ class Trainer:
         # With a stream the engine belongs to its thread: evaluation runs there too.
         result = self.collector.collect(tasks) if self.stream is None else self.stream.run(self.collector.acollect(tasks))
         trajs = result.trajectories
-        out = {
-            "eval/success": _mean([float(t.info.get("success", False)) for t in trajs]),
-            "eval/return": _mean([t.total_reward for t in trajs]),
-            "eval/turns": _mean([t.num_turns for t in trajs]),
-            "eval/errors": float(len(result.errors)),
-        }
-        optimal = [t.info["optimal_success"] for t in trajs if "optimal_success" in t.info]
-        if optimal:
-            out["eval/optimal_success"] = _mean(optimal)
+        overall = episode_stats(trajs)
+        out = {f"eval/{k}": overall[k] for k in ("success", "return", "turns", "optimal_success") if k in overall}
+        out["eval/errors"] = float(len(result.errors))
         out.update(tag_metrics(trajs, "eval"))
         groups = by_tag(trajs)
         for tag, baselines in self.eval_baselines.items():
