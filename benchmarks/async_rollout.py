@@ -12,13 +12,16 @@ engine, then a real PPO update) we time:
   (c) k=1, k=2   our collector with asynchronous rollout (rollout.max_staleness=k).
 
 For each we report wall seconds per step, the fraction of that time the engine computes, and
-the lower bound max(engine time per step, the step's longest env time) (env latencies depend
-only on the env seed, so every mode waits for the same envs). The last line is a JSON summary:
+the lower bound max(engine time per step, the step's longest env time). Each episode of a group
+draws its own latency plan (a tool call's latency is not a property of the task), and every
+mode draws the same plans: the n-th reset of an env seed gets plan n mod group_size, so the
+lower bound is exact. `--shared-plans` gives a group's episodes one plan (fewer stragglers for
+lockstep to wait on). The last line is a JSON summary:
 `speedup_vs_lockstep` = (a) / (b), `ratio_to_lower_bound` = the best (c) / its lower bound.
 
     python benchmarks/async_rollout.py              # full run (a few minutes on 2 CPU cores)
     python benchmarks/async_rollout.py --quick      # a smoke run
-    python benchmarks/async_rollout.py --batch-size 64 --group-size 2   # 32 independent latency plans
+    python benchmarks/async_rollout.py --shared-plans   # a group's episodes share one latency plan
 """
 
 from __future__ import annotations
@@ -43,24 +46,30 @@ from agentrl.runtime.local import build_trainer
 
 
 class ToolEnv:
-    """An env whose step takes a long-tailed time; the episode lasts 2-8 turns, set by the seed."""
+    """An env whose step takes a long-tailed time; the episode lasts 2-8 turns, set by its plan."""
 
     instructions = "Call the tool: answer <answer>call</answer>."
+    resets: dict[int, int] = {}  # per env seed; its n-th reset plays plan n mod plans_per_seed
 
-    def __init__(self, short: float = 0.05, long: float = 2.0, long_prob: float = 0.05) -> None:
+    def __init__(self, short: float = 0.05, long: float = 2.0, long_prob: float = 0.05,
+                 plans_per_seed: int = 1) -> None:
         self.short, self.long, self.long_prob = short, long, long_prob
+        self.plans_per_seed = plans_per_seed
         self.plan: list[float] = []
         self.turn = 0
 
-    def latencies(self, seed: int) -> list[float]:
-        """The step latencies of the episode with env seed `seed`."""
-        rng = random.Random(seed)
+    def latencies(self, seed: int, k: int = 0) -> list[float]:
+        """The step latencies of plan `k` of env seed `seed`."""
+        rng = random.Random(seed * 64 + k)
         n = rng.randint(2, 8)
         return [self.long * (0.5 + rng.random()) if rng.random() < self.long_prob
                 else self.short * (0.2 + 1.6 * rng.random()) for _ in range(n)]
 
     async def reset(self, seed=None, options=None):
-        self.plan, self.turn = self.latencies(seed or 0), 0
+        seed = seed or 0
+        n = ToolEnv.resets.get(seed, 0)
+        ToolEnv.resets[seed] = n + 1
+        self.plan, self.turn = self.latencies(seed, n % self.plans_per_seed), 0
         return f"Tool ready. {len(self.plan)} calls to make.", {}
 
     async def step(self, action: str):
@@ -128,6 +137,7 @@ class LockstepCollector:
 def run_mode(name: str, overrides: list[str], steps: int, workdir: Path, cache: Path) -> dict:
     """Train `steps` steps in one mode; per-step wall, engine and lower-bound seconds."""
     cfg = load_config(None, [*overrides, f"run_dir={workdir / name}", f"model.cache_dir={cache}"])
+    ToolEnv.resets.clear()  # every mode draws the same plans
     trainer = build_trainer(cfg, workdir / name, log=lambda m: None)
     if name == "lockstep":
         trainer.collector = LockstepCollector(trainer.collector)
@@ -138,7 +148,8 @@ def run_mode(name: str, overrides: list[str], steps: int, workdir: Path, cache: 
     env = ToolEnv(**cfg.env.args)
     groups = cfg.rollout.batch_size // cfg.rollout.group_size
     longest_env = statistics.mean(
-        max(sum(env.latencies(t.env_seed)) for t in make_tasks(cfg.seed, r["step"], groups, cfg.rollout.group_size))
+        max(sum(env.latencies(t.env_seed, k)) for t in make_tasks(cfg.seed, r["step"], groups, 1)
+            for k in range(env.plans_per_seed))
         for r in rows)
     return {"mode": name, "step_seconds": wall, "engine_seconds": engine, "engine_busy": engine / wall,
             "longest_env_seconds": longest_env, "lower_bound": max(engine, longest_env),
@@ -158,14 +169,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=6, help="training steps per mode (the first is not timed)")
     p.add_argument("--quick", action="store_true", help="tiny budget, for a smoke run")
     p.add_argument("--batch-size", type=int, default=32, help="episodes per step (rollout.batch_size)")
-    p.add_argument("--group-size", type=int, default=4,
-                   help="episodes per env seed; a group's episodes share their latency plan, so "
-                        "batch_size / group_size is the number of independent plans per step")
+    p.add_argument("--group-size", type=int, default=4, help="episodes per env seed (rollout.group_size)")
+    p.add_argument("--shared-plans", action="store_true",
+                   help="a group's episodes share one latency plan (batch_size / group_size plans per step)")
     p.add_argument("--long-prob", type=float, default=0.05, help="chance that one env step is a long one")
     args = p.parse_args(argv)
     steps = 2 if args.quick else args.steps
     base = ["env.type=tool_latency", "env.max_turns=8", f"rollout.batch_size={args.batch_size}",
             f"rollout.group_size={args.group_size}", f"env.args.long_prob={args.long_prob}",
+            f"env.args.plans_per_seed={1 if args.shared_plans else args.group_size}",
             "rollout.max_new_tokens=8", f"actor.ppo_mini_batch_size={args.batch_size}", "actor.micro_batch_size=16",
             f"trainer.total_steps={steps}", "trainer.test_freq=0", "trainer.save_freq=0",
             "trainer.eval_episodes=1", "trainer.progress=false", "trainer.logger=[jsonl]",
