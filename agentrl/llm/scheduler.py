@@ -138,10 +138,11 @@ class Scheduler:
         depth = len(levels) * BLOCK
         source, shared = None, 0
         for seq in levels[-1]:
-            if seq.tokens[:depth] == prompt[:depth]:  # else a hash collision
-                n = common_prefix(seq.tokens, prompt, depth)
-                if n > shared:
-                    source, shared = seq, n
+            n = common_prefix(seq.tokens, prompt, depth)
+            # The ids below `depth` agree unless their block hashes collided: compared (a copy
+            # of the whole prefix) only for a candidate that would win.
+            if n > shared and seq.tokens[:depth] == prompt[:depth]:
+                source, shared = seq, n
         owner = None
         for level in range(len(levels) - 1, -1, -1):  # a parked sequence is listed at its last full block
             for seq in levels[level]:

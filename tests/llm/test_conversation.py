@@ -79,3 +79,20 @@ def test_non_prefix_preserving_template_is_reported(tiny_tokenizer):
     conv.add_message("user", "first")
     with pytest.raises(ConfigError, match="prefix-preserving"):
         conv.add_message("user", "second")
+
+
+@pytest.mark.parametrize("state", ["plain", "split_special_tokens", "backend_padding"])
+def test_encode_text_gives_the_ids_of_tokenizer_encode(tiny_tokenizer, state):
+    import copy
+
+    from agentrl.llm.conversation import encode_text
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    if state == "split_special_tokens":
+        tok.split_special_tokens = True  # special tokens in text are then spelled out
+    elif state == "backend_padding":
+        tok.backend_tokenizer.enable_padding(length=64, pad_id=tok.pad_token_id)  # left on by a user's batch call
+    texts = ["", "P _ _ G\nO _ _ _", "<answer>Left</answer>", f"{tok.eos_token}\nnext", "  ünïcödé ← ↓  "]
+    ours = [encode_text(tok, text) for text in texts]  # first: tokenizer.encode changes the backend's state
+    assert (ours[3][0] != tok.eos_token_id) == (state == "split_special_tokens")
+    assert ours == [tok.encode(text, add_special_tokens=False) for text in texts], state

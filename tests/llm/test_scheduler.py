@@ -115,3 +115,21 @@ def test_prefix_index_walks_shared_blocks_and_forgets():
     assert len(levels) == 3 and b in levels[0] and levels[2] == [a]
     index.remove(a)
     assert len(index.walk(list(range(3 * BLOCK)))) == 1
+
+
+def test_colliding_block_hashes_never_share_a_cache(monkeypatch):
+    import agentrl.llm.prefix_index as prefix_index
+
+    monkeypatch.setattr(prefix_index, "hash", lambda block: 1, raising=False)  # every block collides
+    sched = _sched()
+    cached = list(range(10, 10 + 2 * BLOCK))
+    sched.waiting.append(_req(cached))
+    sched.admit(0)
+    (seq,) = sched.active
+    _run(sched, seq, [7])
+    other = list(range(500, 500 + 2 * BLOCK + 2))  # no id in common, same (collided) block hashes
+    assert len(sched.index.walk(other)) == 2  # the index alone would call them equal
+    req = _req(other)
+    sched.waiting.append(req)
+    sched.admit(0)
+    assert req.seq is not seq and req.reused == 0 and req.seq.fork_from is None and req.seq.cached == 0
