@@ -38,6 +38,11 @@ class SlotKVCache:
         self.buf = torch.zeros(num_layers, 2, 0, num_kv_heads, 0, head_dim, dtype=dtype, device=device)
         self.peak_bytes = 0
 
+    def clear(self) -> None:
+        """Release every row: back to the empty buffers of a new cache (peak_bytes is kept)."""
+        layers, two, heads, dim = self.shape
+        self.buf = torch.zeros(layers, two, 0, heads, 0, dim, dtype=self.dtype, device=self.device)
+
     @classmethod
     def for_model(cls, model: torch.nn.Module, max_len: int) -> "SlotKVCache":
         """Size the buffers from a transformers causal LM's config."""

@@ -150,6 +150,16 @@ class LocalEngine:
                     seq.cached, seq.kv_version = 0, self.policy_version
             return self.policy_version
 
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix and return the KV cache to the state of a new engine (vLLM's
+        name); False, and nothing changed, while requests wait or run.
+
+        The trainer calls it after an evaluation and at each checkpoint, so what a step after a
+        checkpoint generates never depends on whether the process restarted in between.
+        """
+        with self._lock:
+            return self.sched.reset()
+
     def abort(self) -> None:
         """Finish every queued and running request at the next step with finish_reason 'abort'
         and the ids generated so far (callable from another thread)."""

@@ -276,6 +276,18 @@ class Scheduler:
         self.parked.clear()
         self._parked_tokens = 0
 
+    def reset(self) -> bool:
+        """Forget every parked sequence and return rows and cache to the state of a new
+        scheduler; refused (False) while a request waits or runs."""
+        if self.has_work():
+            return False
+        self.drop_parked()
+        self.rows.clear()
+        self.index = PrefixIndex()
+        self.clock = 0
+        self.cache.clear()
+        return True
+
     def fail_all(self) -> list[Request]:
         """Remove every request (after an error); returns them, and forgets every sequence."""
         reqs = [s.request for s in self.active if s.request is not None] + list(self.waiting)

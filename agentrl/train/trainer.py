@@ -288,7 +288,15 @@ class Trainer:
             if groups.get(tag):
                 out.update({f"{where}baseline_{k}": v for k, v in baselines(groups[tag]).items()})
         self._write_samples(trajs[:2])
+        # Evaluation leaves the engine as it found it: its parked prefixes and counters would
+        # otherwise shape the next step's batches, which a run resumed after this step never sees.
+        self._on_engine(self._forget_evaluation)
         return out
+
+    def _forget_evaluation(self) -> None:
+        """Drop the prefixes and counters an evaluation left in an idle engine."""
+        if self.engine.reset_prefix_cache():
+            self.engine.stats.pop()
 
     def _start_stream(self) -> None:
         """Start the background rollout when training may use samples of older policies."""
@@ -327,6 +335,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self) -> None:
+        # No cached prefix survives a checkpoint (kv_on_weight_update=keep keeps them across a
+        # weight update): the engine continues from the state a resumed run starts in.
+        self._on_engine(self.engine.reset_prefix_cache)
         state = {"policy_version": self.version, "engine": self._on_engine(self.engine.state_dict),
                  "rng": rng_state(), "summary": dict(self.summary),
                  "stream": self.stream.state() if self.stream is not None else None,

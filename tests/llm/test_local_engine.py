@@ -337,3 +337,37 @@ def test_state_dict_round_trip(tiny_model, tiny_tokenizer):
     other.load_state_dict(state)
     b = asyncio.run(other.generate(p, SamplingParams(max_new_tokens=6)))
     assert other.policy_version == 1 and a.token_ids == b.token_ids
+
+
+def test_reset_prefix_cache_leaves_the_engine_as_a_new_one(tiny_model, tiny_tokenizer):
+    """What follows a reset (after an evaluation, at a checkpoint) is served exactly as by a new
+    engine: nothing from the cache, the same passes, rows and cache shape."""
+    prompts = _prompts(tiny_tokenizer)
+    params = [SamplingParams(max_new_tokens=8, seed=i) for i in range(len(prompts))]
+    used = _engine(tiny_model, tiny_tokenizer, kv_on_weight_update="keep")
+    asyncio.run(_gather(used, prompts, [GREEDY] * len(prompts)))  # parks every prompt and reply
+    used.load_weights(tiny_model.state_dict())  # keep: the parked prefixes survive the update
+    assert used.sched.parked
+    assert used.reset_prefix_cache()
+    assert not used.sched.parked and used.cache.rows == 0 and used.cache.capacity == 0
+    used.stats.pop()
+    fresh = _engine(tiny_model, tiny_tokenizer)
+    a = asyncio.run(_gather(used, prompts, params))
+    b = asyncio.run(_gather(fresh, prompts, params))
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.logprobs for o in a] == [o.logprobs for o in b]
+    assert used.stats.pop() | {"perf/engine_tokens_per_s": 0} == fresh.stats.pop() | {"perf/engine_tokens_per_s": 0}
+
+
+def test_reset_prefix_cache_is_refused_while_requests_run(tiny_model, tiny_tokenizer):
+    engine = _engine(tiny_model, tiny_tokenizer)
+    p = _prompts(tiny_tokenizer)[0]
+
+    async def scenario():
+        task = asyncio.ensure_future(engine.generate(p, SamplingParams(max_new_tokens=6, seed=0)))
+        await asyncio.sleep(0)
+        refused = not engine.reset_prefix_cache()
+        return refused, await task
+
+    refused, out = asyncio.run(scenario())
+    assert refused and out.token_ids  # the running request was not disturbed
