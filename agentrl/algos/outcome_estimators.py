@@ -45,7 +45,8 @@ def episode_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor, con
     returns = turn_returns(token_rewards, response_mask, config.gamma)
     has = (response_mask > 0).any(dim=-1)
     first = (response_mask > 0).float().argmax(dim=-1)
-    return torch.where(has, returns.gather(1, first.unsqueeze(1)).squeeze(1), torch.zeros_like(first, dtype=returns.dtype))
+    first_return = returns.gather(1, first.unsqueeze(1)).squeeze(1)
+    return torch.where(has, first_return, torch.zeros_like(first_return))
 
 
 def _groups(index: torch.Tensor) -> torch.Tensor:
