@@ -574,15 +574,22 @@ def _validate_algorithm(cfg: Config) -> None:
     _validate_policy_loss(cfg)
 
 
+# The modes agentrl.algos.policy_losses registers; named here so that a config error needs no torch.
+BUILTIN_POLICY_LOSSES = ("cispo", "geo_mean", "gmpo", "gpg", "gspo", "sapo", "vanilla")
+
+
 def _validate_policy_loss(cfg: Config) -> None:
     """actor.policy_loss: a known loss mode (user modes may come from `imports`), positive taus."""
-    from agentrl.algos.policy_losses import check_loss_mode  # registers the built-in modes
+    from agentrl.registry import POLICY_LOSSES
 
     p = cfg.actor.policy_loss
     if p.tau_pos <= 0 or p.tau_neg <= 0:
         raise ConfigError(f"actor.policy_loss.tau_pos={p.tau_pos} and tau_neg={p.tau_neg} must be > 0")
-    if not cfg.imports:  # a module in `imports` may register more modes: checked once it is imported
-        check_loss_mode(p.loss_mode)
+    known = sorted(set(BUILTIN_POLICY_LOSSES) | set(POLICY_LOSSES.names()))
+    # A module in `imports` may register more modes: those are checked once it is imported.
+    if not cfg.imports and p.loss_mode not in known:
+        raise ConfigError(f"actor.policy_loss.loss_mode: unknown policy loss mode '{p.loss_mode}'."
+                          f"{did_you_mean(p.loss_mode, known)} Known: {', '.join(known)}")
     if cfg.algorithm.adv_estimator == "grpo_passk" and cfg.rollout.group_size < 2:
         raise ConfigError(f"algorithm.adv_estimator=grpo_passk compares the two best episodes of a group: "
                           f"set rollout.group_size >= 2 (got {cfg.rollout.group_size})")

@@ -151,6 +151,23 @@ def test_loss_mode_is_checked_when_the_config_loads():
         load_config(None, ["actor.policy_loss.loss_mode=sapo", "actor.policy_loss.tau_pos=0"])
 
 
+def test_builtin_names_known_to_the_config_are_the_registered_ones():
+    from agentrl.config import BUILTIN_POLICY_LOSSES
+
+    assert sorted(BUILTIN_POLICY_LOSSES) == POLICY_LOSSES.names()
+
+
+def test_a_bad_loss_mode_fails_before_torch_is_imported():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom agentrl.config import load_config\nfrom agentrl.errors import ConfigError\n"
+            "try:\n    load_config(None, ['actor.policy_loss.loss_mode=gsop'])\nexcept ConfigError as e:\n"
+            "    print(e)\nprint('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.splitlines()
+    assert out[0].startswith("actor.policy_loss.loss_mode: unknown") and out[1] == "False"
+
+
 def test_cli_names_the_unknown_loss_mode_in_one_line():
     import subprocess
     import sys
