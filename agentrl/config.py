@@ -216,7 +216,8 @@ class AlgorithmConfig:
 
     adv_estimator: str = "grpo"
     """Registered advantage estimator: grpo, rloo, reinforce_plus_plus,
-    reinforce_plus_plus_baseline, gae (needs critic.enable=true), gigpo."""
+    reinforce_plus_plus_baseline, gae (needs critic.enable=true), gigpo, and verl's episode-level
+    opo, grpo_passk (group_size >= 2), gpg, remax (leave-one-out baseline, no greedy rollout)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's reward std; false gives Dr. GRPO."""
     credit: Literal["outcome", "token", "turn"] = "turn"
@@ -239,6 +240,20 @@ class AlgorithmConfig:
     """Coefficient of the reward penalty."""
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     """DAPO dynamic sampling."""
+
+
+@dataclass
+class PolicyLossConfig:
+    """The policy loss (verl's actor_rollout_ref.actor.policy_loss)."""
+
+    loss_mode: str = "vanilla"
+    """Registered policy loss: vanilla (PPO clip, dual-clip), gspo (sequence-level ratio), cispo
+    (clipped IS weight, no token dropped), sapo (soft sigmoid gate), gmpo or geo_mean
+    (geometric-mean ratio), gpg (plain policy gradient); see agentrl/algos/policy_losses.py."""
+    tau_pos: float = 1.0
+    """SAPO: gate temperature for tokens with positive advantage."""
+    tau_neg: float = 1.05
+    """SAPO: gate temperature for tokens with zero or negative advantage."""
 
 
 @dataclass
@@ -272,11 +287,15 @@ class ActorConfig:
     clip_ratio_c: Optional[float] = 3.0
     """Dual-clip bound (> 1) for negative advantages, as verl; null turns it off."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-mean-token-sum-norm"] = "token-mean"
-    """How token losses are averaged (verl's modes); seq-mean-token-sum-norm is Dr. GRPO's."""
+                           "seq-mean-token-sum-norm", "seq-mean-token-sum-norm-per-seq"] = "token-mean"
+    """How token losses are averaged (verl's modes). seq-mean-token-sum-norm is verl's: the
+    mini-batch's summed token losses / loss_scale_factor; seq-mean-token-sum-norm-per-seq also
+    divides by the mini-batch's episode count (the Dr. GRPO paper's form)."""
     loss_scale_factor: Optional[float] = None
-    """Constant divisor of seq-mean-token-sum-norm; null = the most tokens an episode can
-    generate (rollout.max_new_tokens * env.max_turns)."""
+    """Constant divisor of the seq-mean-token-sum-norm modes; null = the most tokens an episode
+    can generate (rollout.max_new_tokens * env.max_turns), our padded response length."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """Which policy loss (verl's actor.policy_loss)."""
     grad_clip: float = 1.0
     """Max global grad norm; 0 turns clipping off."""
     use_kl_loss: bool = False
@@ -319,8 +338,8 @@ class CriticConfig:
     grad_clip: float = 1.0
     """Max global grad norm; 0 turns clipping off."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-mean-token-sum-norm"] = "token-mean"
-    """How token value losses are averaged."""
+                           "seq-mean-token-sum-norm", "seq-mean-token-sum-norm-per-seq"] = "token-mean"
+    """How token value losses are averaged (as actor.loss_agg_mode)."""
 
 
 # ---------------------------------------------------------------------------- trainer
@@ -552,6 +571,28 @@ def _validate_algorithm(cfg: Config) -> None:
         raise ConfigError("algorithm.kl_ctrl: kl_coef must be >= 0, horizon and target_kl > 0")
     if a.loss_scale_factor is not None and a.loss_scale_factor <= 0:
         raise ConfigError(f"actor.loss_scale_factor={a.loss_scale_factor} must be > 0 (or null)")
+    _validate_policy_loss(cfg)
+
+
+# The modes agentrl.algos.policy_losses registers; named here so that a config error needs no torch.
+BUILTIN_POLICY_LOSSES = ("cispo", "geo_mean", "gmpo", "gpg", "gspo", "sapo", "vanilla")
+
+
+def _validate_policy_loss(cfg: Config) -> None:
+    """actor.policy_loss: a known loss mode (user modes may come from `imports`), positive taus."""
+    from agentrl.registry import POLICY_LOSSES
+
+    p = cfg.actor.policy_loss
+    if p.tau_pos <= 0 or p.tau_neg <= 0:
+        raise ConfigError(f"actor.policy_loss.tau_pos={p.tau_pos} and tau_neg={p.tau_neg} must be > 0")
+    known = sorted(set(BUILTIN_POLICY_LOSSES) | set(POLICY_LOSSES.names()))
+    # A module in `imports` may register more modes: those are checked once it is imported.
+    if not cfg.imports and p.loss_mode not in known:
+        raise ConfigError(f"actor.policy_loss.loss_mode: unknown policy loss mode '{p.loss_mode}'."
+                          f"{did_you_mean(p.loss_mode, known)} Known: {', '.join(known)}")
+    if cfg.algorithm.adv_estimator == "grpo_passk" and cfg.rollout.group_size < 2:
+        raise ConfigError(f"algorithm.adv_estimator=grpo_passk compares the two best episodes of a group: "
+                          f"set rollout.group_size >= 2 (got {cfg.rollout.group_size})")
 
 
 def _validate_env_groups(cfg: Config) -> None:

@@ -50,6 +50,7 @@ class Registry(Generic[T]):
 ENVS: Registry[Callable] = Registry("env type")
 AGENTS: Registry[Callable] = Registry("agent type")
 ESTIMATORS: Registry[Callable] = Registry("advantage estimator")
+POLICY_LOSSES: Registry[Callable] = Registry("policy loss mode")
 
 
 def register_env(name: str, factory: Callable | None = None, *, overwrite: bool = False):
@@ -71,3 +72,10 @@ def register_estimator(name: str, fn: Callable | None = None, *, overwrite: bool
     if fn is None:
         return lambda f: ESTIMATORS.register(name, f, overwrite=overwrite)
     return ESTIMATORS.register(name, fn, overwrite=overwrite)
+
+
+def register_policy_loss(name: str, fn: Callable | None = None, *, overwrite: bool = False):
+    """Register a policy loss (actor.policy_loss.loss_mode) under `name` (usable as a decorator)."""
+    if fn is None:
+        return lambda f: POLICY_LOSSES.register(name, f, overwrite=overwrite)
+    return POLICY_LOSSES.register(name, fn, overwrite=overwrite)

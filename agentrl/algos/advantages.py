@@ -393,3 +393,8 @@ def _turn_gae(rewards, mask, values, gamma, lam):
     adv = adv_turn.gather(1, ids) * mask
     returns = (adv_turn + v_turn[:, : n_turns + 1]).gather(1, ids) * mask
     return adv, returns
+
+
+# The episode-level estimators under verl's names live in their own module; importing it here
+# registers them wherever the registry is used.
+import agentrl.algos.outcome_estimators  # noqa: E402,F401

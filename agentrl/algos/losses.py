@@ -6,6 +6,16 @@ micro-batches: `aggregate` takes the mini-batch's token count, sequence count an
 gradient accumulation never reweights tokens (verl instead averages per micro-batch and scales
 by micro/mini batch size, which changes the weighting when micro-batches differ in length).
 
+seq-mean-token-sum-norm is verl's agg_loss: the sum of every masked token loss of the mini-batch
+divided by `horizon` (verl's loss_scale_factor; by default verl takes the padded response length,
+loss_mask.shape[-1], we take the most tokens an episode can generate), with no division by the
+number of sequences. Deviation: verl's legacy dp_actor also divides each micro-batch's loss by
+the number of micro-batches (gradient accumulation), so its step size depends on
+micro_batch_size; ours is the verl value of micro_batch_size = ppo_mini_batch_size whatever the
+split. seq-mean-token-sum-norm-per-seq is that value divided by the mini-batch's sequence count:
+the Dr. GRPO paper's (1/G) sum_i sum_t loss / MAX_TOKENS (and what verl's newer engine computes
+under seq-mean-token-sum-norm since its PR #4510; before this change it was ours under that name).
+
 PPO clipped surrogate (Schulman et al. 2017), asymmetric as in DAPO, dual-clip as in Ye et al.
 2020, all as verl's compute_policy_loss:
     ratio = exp(clamp(logp - old_logp, -20, 20))
@@ -15,9 +25,15 @@ PPO clipped surrogate (Schulman et al. 2017), asymmetric as in DAPO, dual-clip a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+if TYPE_CHECKING:
+    from agentrl.config import PolicyLossConfig
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+             "seq-mean-token-sum-norm-per-seq")
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
@@ -27,9 +43,11 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
 
     token-mean: sum / tokens. seq-mean-token-sum: mean over sequences of each one's token sum.
     seq-mean-token-mean: mean over sequences of each one's token mean. seq-mean-token-sum-norm
-    (Dr. GRPO): mean over sequences of token sum / `horizon`, a constant (verl's
-    loss_scale_factor). Sequences without generated ids do not count. Counts default to this
-    batch's own; pass the mini-batch's when this is one micro-batch of it.
+    (verl's agg_loss): sum of all token losses / `horizon`, a constant (verl's loss_scale_factor;
+    default the mask's last dimension, as verl). seq-mean-token-sum-norm-per-seq (Dr. GRPO's
+    paper): that divided by the number of sequences. Sequences without generated ids do not
+    count. Counts default to this batch's own; pass the mini-batch's when this is one
+    micro-batch of it.
     """
     masked = torch.where(mask > 0, loss, torch.zeros_like(loss))
     if mode == "token-mean":
@@ -45,6 +63,8 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
     if mode == "seq-mean-token-mean":
         return (seq_sums / lengths.clamp(min=1.0)).sum() / seqs
     norm = horizon if horizon is not None else float(mask.shape[-1])
+    if mode == "seq-mean-token-sum-norm":
+        return seq_sums.sum() / norm
     return seq_sums.sum() / (seqs * norm)
 
 
@@ -66,11 +86,13 @@ def ppo_policy_loss(
     weights: torch.Tensor | None = None,
     num_seqs: float | None = None,
     horizon: float | None = None,
+    config: PolicyLossConfig | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped policy loss and its diagnostics (pg_clipfrac, pg_clipfrac_lower, ppo_kl).
 
     `clip_ratio_c` (> 1) turns on dual-clip for negative advantages; `weights` (detached,
-    (B, T)) multiply each token's loss: importance weights for off-policy samples.
+    (B, T)) multiply each token's loss: importance weights for off-policy samples. `config`
+    (actor.policy_loss) is unused here; every registered policy loss takes it.
     """
     log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)

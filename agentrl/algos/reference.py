@@ -286,3 +286,94 @@ def reference_advantages(name: str, token_rewards: torch.Tensor, response_mask: 
     if config.credit == "outcome":
         token_rewards = outcome_rewards(token_rewards, response_mask)
     return REFERENCE[name](token_rewards, response_mask, index, values, config, state_ids)
+
+
+# ---------------------------------------------------------------------------- episode-level (verl's names)
+def episode_score(reward_row: list[float], mask_row: list[float], turn: bool, gamma: float) -> float:
+    """Reward sum, or under turn credit the first turn's return G_1 (0 without a turn)."""
+    if not turn:
+        return sum(reward_row)
+    returns = turn_returns(reward_row, mask_row, gamma)
+    return returns[0] if returns else 0.0
+
+
+def _episode_out(per_row: list[float], mask: Rows, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every generated id of row b gets per_row[b]."""
+    out = _tensor([[per_row[b] if m > 0 else 0.0 for m in mrow] for b, mrow in enumerate(mask)], like)
+    return out, out
+
+
+def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+        values: torch.Tensor | None, config: AlgorithmConfig,
+        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO: score minus sum_j len_j s_j / sum_j len_j over the group (0 for a group of one)."""
+    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
+    scores = [episode_score(r, m, config.credit == "turn", config.gamma) for r, m in zip(rewards, mask)]
+    lengths = [sum(m) for m in mask]
+    adv = [0.0] * len(scores)
+    for rows in groups(ids).values():
+        total = sum(lengths[o] for o in rows)
+        base = sum(lengths[o] * scores[o] for o in rows) / total if len(rows) > 1 and total > 0 else 0.0
+        for row in rows:
+            adv[row] = scores[row] - base
+    return _episode_out(adv, mask, token_rewards)
+
+
+def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+               values: torch.Tensor | None, config: AlgorithmConfig,
+               state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k: the first best row of each group gets (max - second max) [/ (std + eps)]."""
+    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
+    scores = [episode_score(r, m, config.credit == "turn", config.gamma) for r, m in zip(rewards, mask)]
+    adv = [0.0] * len(scores)
+    for rows in groups(ids).values():
+        if len(rows) < 2:
+            raise ValueError("grpo_passk needs at least 2 episodes per group")
+        pool = [scores[o] for o in rows]
+        best = rows[pool.index(max(pool))]
+        ordered = sorted(pool, reverse=True)
+        gap = ordered[0] - ordered[1]
+        adv[best] = gap / (mean_std(pool)[1] + EPS) if config.norm_adv_by_std_in_grpo else gap
+    return _episode_out(adv, mask, token_rewards)
+
+
+def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+        values: torch.Tensor | None, config: AlgorithmConfig,
+        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG: (B / #non-zero scores) * (score - group mean); a group of one has mean 0."""
+    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
+    scores = [episode_score(r, m, config.credit == "turn", config.gamma) for r, m in zip(rewards, mask)]
+    alpha = len(scores) / max(sum(1 for s in scores if s != 0), 1)
+    adv = [0.0] * len(scores)
+    for rows in groups(ids).values():
+        mean = sum(scores[o] for o in rows) / len(rows) if len(rows) > 1 else 0.0
+        for row in rows:
+            adv[row] = alpha * (scores[row] - mean)
+    return _episode_out(adv, mask, token_rewards)
+
+
+def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+          values: torch.Tensor | None, config: AlgorithmConfig,
+          state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax: reward-to-go (turn credit: G_k) minus the mean score of the group's other episodes."""
+    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
+    turn = config.credit == "turn"
+    scores = [episode_score(r, m, turn, config.gamma) for r, m in zip(rewards, mask)]
+    adv, returns = _zeros(len(mask), len(mask[0]) if mask else 0), _zeros(len(mask), len(mask[0]) if mask else 0)
+    for rows in groups(ids).values():
+        for row in rows:
+            others = [scores[o] for o in rows if o != row]
+            base = sum(others) / len(others) if others else 0.0
+            if turn:
+                per_turn = turn_returns(rewards[row], mask[row], config.gamma)
+                to_go = [per_turn[k - 1] if mask[row][t] > 0 else 0.0 for t, k in enumerate(turn_of(mask[row]))]
+            else:  # undiscounted sum of the generated ids' rewards from t on
+                to_go = [sum(r * m for r, m in zip(rewards[row][t:], mask[row][t:])) if mask[row][t] > 0 else 0.0
+                         for t in range(len(mask[row]))]
+            for t, m in enumerate(mask[row]):
+                if m > 0:
+                    returns[row][t], adv[row][t] = to_go[t], to_go[t] - base
+    return _tensor(adv, token_rewards), _tensor(returns, token_rewards)
+
+
+REFERENCE.update({"opo": opo, "grpo_passk": grpo_passk, "gpg": gpg, "remax": remax})

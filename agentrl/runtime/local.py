@@ -20,6 +20,7 @@ import agentrl.algos.advantages  # noqa: F401
 import agentrl.envs.frozen_lake  # noqa: F401
 import agentrl.envs.math  # noqa: F401
 import agentrl.envs.sokoban  # noqa: F401
+from agentrl.algos.policy_losses import check_loss_mode
 from agentrl.config import Config, save_config, to_dict
 from agentrl.errors import ConfigError, RegistryError
 from agentrl.llm.local import LocalEngine
@@ -136,6 +137,7 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     device = resolve_device(cfg.device)
     check_estimator(cfg)
     import_user_modules(cfg)
+    check_loss_mode(cfg.actor.policy_loss.loss_mode)  # after `imports`, which may register modes
     factories = make_env_factories(cfg)
     check_agents(cfg)
     model, tokenizer = load_policy(cfg, factories, log)

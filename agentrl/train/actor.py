@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from agentrl.algos.losses import aggregate, behaviour_weights, kl_penalty, masked_mean, ppo_policy_loss
+from agentrl.algos.losses import aggregate, behaviour_weights, kl_penalty, masked_mean
+from agentrl.algos.policy_losses import policy_loss
 from agentrl.config import ActorConfig
 from agentrl.train.batch import Batch
 
@@ -119,9 +120,10 @@ class Actor:
                     w = weights[rows, : mb.input_ids.shape[1]].to(self.device) if weights is not None else None
                     logp, entropy = token_logprobs(self.model, mb.input_ids, mb.attention_mask,
                                                    self.temperature, with_entropy=True)
-                    loss, pg = ppo_policy_loss(logp, mb.old_logprobs, mb.advantages, mb.loss_mask,
-                                               cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.loss_agg_mode,
-                                               clip_ratio_c=cfg.clip_ratio_c, weights=w, **agg)
+                    loss, pg = policy_loss(cfg.policy_loss.loss_mode, logp, mb.old_logprobs, mb.advantages,
+                                           mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
+                                           cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w,
+                                           config=cfg.policy_loss, **agg)
                     if cfg.use_kl_loss:
                         kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)
                         loss = loss + cfg.kl_loss_coef * aggregate(kl, mb.loss_mask, cfg.loss_agg_mode, **agg)

@@ -1,0 +1,131 @@
+"""Episode-level estimators under verl's names: opo, grpo_passk, gpg, remax.
+
+Same signature and contract as `agentrl.algos.advantages` (read its docstring): (B, T) float32
+advantages and returns, zero where response_mask is 0. These four are outcome estimators in
+verl: one score per episode, every generated id of the episode gets its advantage.
+
+Score of an episode: its reward sum (credit token/outcome, as verl), or under credit=turn its
+discounted return from its first turn G_1 (gamma per turn; with gamma=1 the reward sum); there
+is no per-turn baseline here, unlike grpo/rloo under turn credit.
+
+- opo (Hao et al. 2025, On-Policy RL with Optimal reward baseline, arXiv 2505.23585; verl
+  compute_opo_outcome_advantage): score minus the length-weighted mean score of its group,
+  sum_j |o_j| s_j / sum_j |o_j|, |o| the episode's generated-id count. Group of one: baseline 0.
+- grpo_passk (Chen et al. 2025, arXiv 2503.19595; verl compute_grpo_passk_outcome_advantage):
+  only the group's best episode gets an advantage, (r_max - r_second) / (std + eps) (or not
+  divided when norm_adv_by_std_in_grpo=false), every other gets 0. Needs two or more episodes
+  per group (verl raises too). Ties: the first of the best rows, whose advantage is then 0.
+- gpg (Chu et al. 2025, GPG, arXiv 2504.02546; verl compute_gpg_outcome_advantage):
+  alpha * (score - group mean), alpha = batch size / number of episodes with a non-zero score
+  (verl's f_norm = 1). Group of one: mean 0.
+- remax (Li et al. 2023, ReMax, arXiv 2310.10505; verl compute_remax_outcome_advantage):
+  A_t = R_t - b with R_t the reward-to-go (verl: reverse cumulative sum of the masked rewards,
+  no discount; under turn credit the turn return G_k) and b a baseline reward. verl's b is the
+  reward of a greedy rollout of the same prompt, made by its trainer; the estimator signature
+  carries no such rollout and every episode of our groups is sampled, so our `remax` takes the
+  mean score of the group's other episodes as b (independent of the episode, hence unbiased,
+  as the greedy reward; 0 for a group of one). Under outcome credit its advantages therefore
+  equal rloo's; its returns are the reward-to-go. `remax_advantages` takes any (B,) baseline,
+  e.g. greedy rewards, and is verl's formula exactly (masked to generated ids).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentrl.algos.advantages import EPS, group_stats, turn_returns
+from agentrl.config import AlgorithmConfig
+from agentrl.registry import register_estimator
+
+
+def episode_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor, config: AlgorithmConfig) -> torch.Tensor:
+    """(B,) score of each episode: reward sum, or under credit=turn G_1 (0 without generated ids)."""
+    if config.credit != "turn":
+        return token_rewards.sum(dim=-1)
+    returns = turn_returns(token_rewards, response_mask, config.gamma)
+    has = (response_mask > 0).any(dim=-1)
+    first = (response_mask > 0).float().argmax(dim=-1)
+    first_return = returns.gather(1, first.unsqueeze(1)).squeeze(1)
+    return torch.where(has, first_return, torch.zeros_like(first_return))
+
+
+def _groups(index: torch.Tensor) -> torch.Tensor:
+    return torch.unique(index, return_inverse=True)[1]
+
+
+def _spread(per_episode: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    adv = per_episode.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+@register_estimator("opo")
+def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+        values: torch.Tensor | None, config: AlgorithmConfig,
+        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO: score minus the group's length-weighted mean score (0 for a group of one), (B, T)."""
+    scores = episode_scores(token_rewards, response_mask, config)
+    lengths = response_mask.sum(dim=-1)
+    group = _groups(index)
+    size = int(group.max()) + 1 if group.numel() else 0
+    count = torch.zeros(size, dtype=scores.dtype).index_add_(0, group, torch.ones_like(scores))
+    weighted = torch.zeros(size, dtype=scores.dtype).index_add_(0, group, lengths * scores)
+    total = torch.zeros(size, dtype=scores.dtype).index_add_(0, group, lengths)
+    baseline = torch.where((count > 1) & (total > 0), weighted / total.clamp(min=1e-12), torch.zeros_like(total))
+    return _spread(scores - baseline[group], response_mask)
+
+
+@register_estimator("grpo_passk")
+def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+               values: torch.Tensor | None, config: AlgorithmConfig,
+               state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k GRPO: the group's best episode gets (r_max - r_second) [/ (std + eps)], others 0."""
+    scores = episode_scores(token_rewards, response_mask, config)
+    group = _groups(index)
+    out = torch.zeros_like(scores)
+    for g in range(int(group.max()) + 1 if group.numel() else 0):
+        rows = (group == g).nonzero(as_tuple=True)[0]
+        if rows.numel() < 2:
+            raise ValueError(f"grpo_passk needs at least 2 episodes per group, group {int(index[rows[0]])} has "
+                             f"{rows.numel()}: set rollout.group_size >= 2")
+        s = scores[rows]
+        best = int(torch.argmax(s))  # the first of the best rows
+        top2 = torch.topk(s, 2).values
+        adv = top2[0] - top2[1]
+        out[rows[best]] = adv / (s.std() + EPS) if config.norm_adv_by_std_in_grpo else adv
+    return _spread(out, response_mask)
+
+
+@register_estimator("gpg")
+def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+        values: torch.Tensor | None, config: AlgorithmConfig,
+        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG: alpha * (score - group mean), alpha = batch size / episodes with non-zero score, (B, T)."""
+    scores = episode_scores(token_rewards, response_mask, config)
+    group = _groups(index)
+    count, mean, _ = group_stats(scores, group)
+    baseline = torch.where(count[group] > 1, mean[group], torch.zeros_like(scores))
+    alpha = scores.numel() / max(int(torch.count_nonzero(scores)), 1)
+    return _spread(alpha * (scores - baseline), response_mask)
+
+
+def remax_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                     reward_baselines: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's ReMax: reward-to-go R_t (masked rewards, undiscounted) minus the (B,) baseline, (B, T)."""
+    returns = (token_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1]) * response_mask
+    return (returns - reward_baselines.unsqueeze(-1)) * response_mask, returns
+
+
+@register_estimator("remax")
+def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
+          values: torch.Tensor | None, config: AlgorithmConfig,
+          state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax with the group's leave-one-out mean score as the baseline (no greedy rollout), (B, T)."""
+    scores = episode_scores(token_rewards, response_mask, config)
+    group = _groups(index)
+    count, mean, _ = group_stats(scores, group)
+    n = count[group]
+    baseline = torch.where(n > 1, (mean[group] * n - scores) / (n - 1).clamp(min=1), torch.zeros_like(scores))
+    if config.credit == "turn":
+        returns = turn_returns(token_rewards, response_mask, config.gamma)
+        return (returns - baseline.unsqueeze(-1)) * response_mask, returns
+    return remax_advantages(token_rewards, response_mask, baseline)
