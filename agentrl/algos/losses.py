@@ -6,15 +6,15 @@ micro-batches: `aggregate` takes the mini-batch's token count, sequence count an
 gradient accumulation never reweights tokens (verl instead averages per micro-batch and scales
 by micro/mini batch size, which changes the weighting when micro-batches differ in length).
 
-seq-mean-token-sum-norm is verl's agg_loss: the sum of every masked token loss of the mini-batch
-divided by `horizon` (verl's loss_scale_factor; by default verl takes the padded response length,
-loss_mask.shape[-1], we take the most tokens an episode can generate), with no division by the
-number of sequences. Deviation: verl's legacy dp_actor also divides each micro-batch's loss by
-the number of micro-batches (gradient accumulation), so its step size depends on
-micro_batch_size; ours is the verl value of micro_batch_size = ppo_mini_batch_size whatever the
-split. seq-mean-token-sum-norm-per-seq is that value divided by the mini-batch's sequence count:
-the Dr. GRPO paper's (1/G) sum_i sum_t loss / MAX_TOKENS (and what verl's newer engine computes
-under seq-mean-token-sum-norm since its PR #4510; before this change it was ours under that name).
+seq-mean-token-sum-norm is verl's agg_loss as verl computes it today (PRs #4510 and #5417, 2025-12
+and 2026-02): each sequence's summed token losses, averaged over the mini-batch's sequences, divided
+by `horizon` (verl's loss_scale_factor; verl's default is the padded response length
+loss_mask.shape[-1], ours the most tokens an episode can generate). It is the Dr. GRPO paper's
+(1/G) sum_i sum_t loss / MAX_TOKENS. seq-sum-token-sum-norm is verl's older form (its legacy
+engine, before PR #4510): the mini-batch's summed token losses / horizon with no division by the
+number of sequences, so the step grows with the batch; verl's legacy dp_actor also divided each
+micro-batch's loss by the micro-batch count, ours is its value at micro_batch_size =
+ppo_mini_batch_size whatever the split.
 
 PPO clipped surrogate (Schulman et al. 2017), asymmetric as in DAPO, dual-clip as in Ye et al.
 2020, all as verl's compute_policy_loss:
@@ -32,8 +32,8 @@ import torch
 if TYPE_CHECKING:
     from agentrl.config import PolicyLossConfig
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
-             "seq-mean-token-sum-norm-per-seq")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-sum-token-sum-norm",
+             "seq-mean-token-sum-norm")
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
@@ -43,9 +43,10 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
 
     token-mean: sum / tokens. seq-mean-token-sum: mean over sequences of each one's token sum.
     seq-mean-token-mean: mean over sequences of each one's token mean. seq-mean-token-sum-norm
-    (verl's agg_loss): sum of all token losses / `horizon`, a constant (verl's loss_scale_factor;
-    default the mask's last dimension, as verl). seq-mean-token-sum-norm-per-seq (Dr. GRPO's
-    paper): that divided by the number of sequences. Sequences without generated ids do not
+    (verl's agg_loss, Dr. GRPO): mean over sequences of each one's token sum, / `horizon`, a
+    constant (verl's loss_scale_factor; default the mask's last dimension, as verl).
+    seq-sum-token-sum-norm (verl's legacy form): the same without the division by the number
+    of sequences. Sequences without generated ids do not
     count. Counts default to this batch's own; pass the mini-batch's when this is one
     micro-batch of it.
     """
@@ -63,7 +64,7 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
     if mode == "seq-mean-token-mean":
         return (seq_sums / lengths.clamp(min=1.0)).sum() / seqs
     norm = horizon if horizon is not None else float(mask.shape[-1])
-    if mode == "seq-mean-token-sum-norm":
+    if mode == "seq-sum-token-sum-norm":
         return seq_sums.sum() / norm
     return seq_sums.sum() / (seqs * norm)
 
