@@ -319,7 +319,12 @@ class SeedAgentAdapter:
             if runner.done():
                 request.cancel()
                 return None
-            qid, token_ids, gconfig = request.result()
+            item = request.result()
+            if not (isinstance(item, (tuple, list)) and len(item) == 3
+                    and isinstance(item[1], (list, tuple)) and all(isinstance(t, int) for t in item[1])):
+                raise EnvError(f"seed-style agent put {type(item).__name__} {str(item)[:60]!r} on obs_queue; "
+                               "expected a (qid, token_ids: list of ints, gconfig) tuple")
+            qid, token_ids, gconfig = item
             turn = len(record.rewards)
             if turn >= self.max_turns:
                 return "max_turns"

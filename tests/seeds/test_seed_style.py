@@ -249,3 +249,17 @@ def test_the_embedded_default_gives_seed_agents_a_tokenizer_folder(tmp_path, dat
         assert folder.is_dir() and not (folder / "config.json").exists()
         text = "What is 12 + 345? \\boxed{357}"
         assert AutoTokenizer.from_pretrained(folder).encode(text) == tokenizer.encode(text)
+
+
+def test_a_malformed_queue_request_is_one_line_naming_the_shape(tiny_tokenizer):
+    from agentrl.errors import EnvError
+
+    class TwoTuple:
+        async def collect_trajectory(self, prompt, env, obs_queue, act_queue):
+            await obs_queue.put((prompt.ids[0], list(prompt.data["packed_prompts"])))  # gconfig forgotten
+            await act_queue.get()
+
+    adapter = SeedAgentAdapter.from_class(TwoTuple, tiny_tokenizer, SamplingParams(max_new_tokens=4), max_turns=2)
+    with pytest.raises(EnvError, match=r"on obs_queue; expected a \(qid, token_ids: list of ints, gconfig\) tuple"):
+        asyncio.run(adapter.run_episode(Task(env_seed=1, group_id=0, sampling_seed=0), _QuestionEnv(),
+                                        _Replies(tiny_tokenizer, ["yes"])))
