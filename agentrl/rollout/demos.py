@@ -72,7 +72,8 @@ def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, see
     `step=False` reads only first observations and sampled replies, for envs whose `step`
     does not take a reply string (the seeds' `step((qid, answers))`); there a first observation
     that is not text (None: the question comes from a dataset) and a missing `sample_action`
-    are skipped, and `close` is optional.
+    are skipped, and `close` is optional. An env without `sample_action` gives its first
+    observations only.
     """
     async def play(k: int) -> list[str]:
         env = env_factory()
@@ -84,6 +85,8 @@ def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, see
                 sample = getattr(env, "sample_action", None)
                 return lines + (["assistant", sample(rng)] if callable(sample) else [])
             lines = [f"user\n{getattr(env, 'instructions', '')}\n{obs}", "assistant"]
+            if not callable(getattr(env, "sample_action", None)):  # optional: no random play, first observations only
+                return lines
             for _ in range(max_turns):
                 action = env.sample_action(rng)
                 lines.append(action)

@@ -263,3 +263,26 @@ def test_a_malformed_queue_request_is_one_line_naming_the_shape(tiny_tokenizer):
     with pytest.raises(EnvError, match=r"on obs_queue; expected a \(qid, token_ids: list of ints, gconfig\) tuple"):
         asyncio.run(adapter.run_episode(Task(env_seed=1, group_id=0, sampling_seed=0), _QuestionEnv(),
                                         _Replies(tiny_tokenizer, ["yes"])))
+
+
+class _GuessEnv:
+    """Our own contract's env with reset and step only: no close, no sample_action, no instructions."""
+
+    async def reset(self, seed=None, options=None):
+        return "Say yes.", {}
+
+    async def step(self, action):
+        ok = "yes" in action
+        return "Done.", float(ok), True, False, {"success": ok}
+
+
+def test_an_env_with_reset_and_step_only_trains_with_our_own_agent(tmp_path):
+    import agentrl
+
+    logs = []
+    cfg = agentrl.load_config({"env": {"max_turns": 1}}, [*TINY, f"run_dir={tmp_path / 'run'}",
+                                                          f"model.cache_dir={tmp_path / 'cache'}"])
+    summary = agentrl.train(cfg, env_cls=_GuessEnv, log=logs.append)
+    assert "eval_success_after" in summary
+    assert any("is not demonstrated (its env has no sample_action" in m for m in logs)
+    assert any(m.startswith("warm start skipped") for m in logs)
