@@ -67,6 +67,11 @@ def register_agent(name: str, factory: Callable | None = None, *, overwrite: boo
     return AGENTS.register(name, factory, overwrite=overwrite)
 
 
+def register_environment(name: str, factory: Callable | None = None, *, overwrite: bool = False):
+    """AReaL's name for `register_env` (the seeds' `register_environment("my-env", MyEnv)`)."""
+    return register_env(name, factory, overwrite=overwrite)
+
+
 def register_estimator(name: str, fn: Callable | None = None, *, overwrite: bool = False):
     """Register an advantage estimator under `name` (usable as a decorator)."""
     if fn is None:

@@ -16,7 +16,8 @@ class Agent(Protocol):
     The runtime builds a registered agent class as `cls(tokenizer=, sampling=, max_turns=,
     system_prompt=, budget=, **agent.args)` (`budget`, a `TokenBudget`, only when the
     constructor takes it). A registered class with `collect_trajectory` and no `run_episode`
-    is a seed-style agent and runs through `agents/compat.py` instead.
+    of its own, or any subclass of the seeds' `agentrl.Agent` (agents/seed_api.py), is a
+    seed-style agent and runs through `agents/compat.py` instead.
     """
 
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:

@@ -37,7 +37,8 @@ class ChatAgent:
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
         """Play one episode of `env` seeded by the task."""
         obs, reset_info = await env.reset(seed=task.env_seed)
-        conv = start_conversation(self.tokenizer, self.system_prompt, f"{env.instructions}\n{obs}")
+        instructions = getattr(env, "instructions", "")  # optional, as close and sample_action are
+        conv = start_conversation(self.tokenizer, self.system_prompt, f"{instructions}\n{obs}" if instructions else obs)
         info: dict = {"success": False, "truncated_replies": 0, "invalid_actions": 0}
         terminated = truncated = False
         reason: str | None = "max_turns"

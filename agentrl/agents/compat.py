@@ -10,13 +10,23 @@ and reads the engine's answer, a `GenerationOutput` (AReaL's `BundledGenerationO
 `version_end`), from `act_queue`. It steps its env itself, the seeds' way:
 `await env.step((qid, answers))` returns `(obs, rewards, terminated, truncated, info)` with one
 reward per answer (the seeds' math env returns 1/0 success values). The env is registered with
-`register_env`; its `reset(seed=None, options=None)` must return the question text as the
-observation (AReaL took it from a dataset instead), and may put a `qid` in its info.
+`register_env` (or `register_environment`) and needs only `reset` and `step`. Its
+`reset(seed=None, options=None)` returns the question text as the observation (and may put a
+`qid` in its info), or `None` when the question comes from the dataset, as in AReaL: the env is
+then built with `args.dataset_path`, and episode seed `s` plays row `s % len(rows)` of that file
+(agents/seed_data.py says which fields are read).
+
+A class is seed-style when it subclasses the seeds' `Agent` (`agentrl.Agent`), or has
+`collect_trajectory` and no `run_episode` of its own (our contract's Protocol stub does not count).
+The seeds' names (agents/seed_api.py) exist here and at the package top: `Agent`,
+`SequenceSample`, `BundledGenerationOutputs`, `GenerationHyperparameters` (and
+`EnvironmentService`, `math_verify_call` in envs/service.py).
 
 `SeedAgentAdapter` is an ordinary agent of ours that runs such a class:
-1. it resets the env once with the task's seed and renders the question as the first user
-   message (after the env's `instructions`, if it has any): that is `prompt`, a `SeedPrompt`
-   with `ids=[qid]`, `bs=1` and `data["packed_prompts"]` (a list of ids, not a tensor);
+1. it resets the env once with the task's seed and renders the question (the observation, or
+   the dataset row's) as the first user message (after the env's `instructions`, if it has
+   any): that is `prompt`, a `SequenceSample` with `ids=[qid]`, `bs=1` and
+   `data["packed_prompts"]` (a list of ids, not a tensor);
 2. the agent's own `env.reset()` returns that same first observation without resetting again
    (AReaL's math agent resets "just to make it like multi-step environments");
 3. each `(qid, token_ids, gconfig)` becomes one `llm.generate`; the trajectory is one growing
@@ -24,9 +34,11 @@ observation (AReaL took it from a dataset instead), and may put a `qid` in its i
    as the seeds do): the ids in between get loss mask 0, the generated ones mask 1 and their
    logprobs, exactly as the engine produced them;
 4. turn k's reward is the sum of the first rewards of the env steps taken after its
-   generation. `collect_trajectory` may return None, or a dict with any of `rewards` (one per
-   turn, replacing those), `success` (bool) and `info` (merged into the trajectory's info);
-   AReaL's own return value (a list of SequenceSample) does not exist here.
+   generation. `collect_trajectory` may return None; AReaL's own return value, a list of
+   samples with one per turn (`SequenceSample`s or dicts, each with `rewards`: its reward after
+   the agent's shaping), whose rewards replace the turns'; or a dict with any of `rewards` (one
+   per turn, replacing those), `success` (bool) and `info` (merged into the trajectory's info).
+   Anything else it returns is dropped with a one-line warning (once per process) saying so.
 `success` is otherwise the last step's `info["success"]`, else whether its reward was > 0.
 """
 
@@ -34,86 +46,21 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agentrl.agents.chat import turn_sampling
+from agentrl.agents.seed_api import (Agent, BundledGenerationOutputs, GenerationConfig,  # noqa: F401  (re-exported)
+                                     GenerationHyperparameters, GenerationOutput, SeedPrompt, SequenceSample,
+                                     is_seed_agent)
+from agentrl.agents.seed_data import SeedRow
 from agentrl.envs.base import Env
 from agentrl.errors import ConfigError, EnvError
 from agentrl.llm.conversation import Conversation, TokenBudget
 from agentrl.llm.engine import Completion, LLMClient, SamplingParams
 from agentrl.rollout.trajectory import Task, Trajectory
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """The generation settings a seed agent passes back with each request (AReaL's
-    GenerationHyperparameters); `min_new_tokens` is accepted and not enforced."""
-
-    n: int = 1
-    max_new_tokens: int = 16
-    min_new_tokens: int = 0
-    greedy: bool = False
-    top_p: float = 1.0
-    top_k: int = -1
-    temperature: float = 1.0
-
-    def new(self, **changes: Any) -> GenerationConfig:
-        """A copy with some fields changed (AReaL's `gconfig.new(n=1)`)."""
-        return replace(self, **changes)
-
-
-@dataclass
-class SeedPrompt:
-    """The task prompt of `collect_trajectory`: the parts of AReaL's SequenceSample agents read."""
-
-    qid: str
-    token_ids: list[int]
-    text: str
-
-    @property
-    def ids(self) -> list[str]:
-        return [self.qid]
-
-    @property
-    def bs(self) -> int:
-        return 1
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return ("packed_prompts",)
-
-    @property
-    def data(self) -> dict[str, list[int]]:
-        return {"packed_prompts": list(self.token_ids)}
-
-
-@dataclass
-class GenerationOutput:
-    """One generation, as `act_queue` delivers it (AReaL's BundledGenerationOutputs with n=1;
-    `logprobs` cover the output ids only)."""
-
-    qid: str
-    prompt_ids: list[int]
-    output_ids: list[list[int]]
-    seqs: list[list[int]]
-    logprobs: list[list[float]]
-    no_eos: list[bool]
-    version_start: list[int]
-    version_end: list[int]
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
-    def seqlens(self) -> list[int]:
-        return [len(s) for s in self.seqs]
-
-
-def is_seed_agent(cls: Any) -> bool:
-    """Whether a registered agent class speaks the seeds' queue API rather than ours."""
-    return hasattr(cls, "collect_trajectory") and not hasattr(cls, "run_episode")
 
 
 @dataclass
@@ -173,20 +120,25 @@ class SeedAgentAdapter:
     """Our agent contract around a seed-style agent: queues in, a token-exact Trajectory out."""
 
     def __init__(self, agent: Any, tokenizer, sampling: SamplingParams, max_turns: int,
-                 system_prompt: str | None = None, budget: TokenBudget | None = None) -> None:
+                 system_prompt: str | None = None, budget: TokenBudget | None = None,
+                 rows: Sequence[SeedRow] = (), dataset_hint: str = "env.args.dataset_path") -> None:
         self.agent = agent
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.max_turns = max_turns
         self.system_prompt = system_prompt
         self.budget = budget or TokenBudget()
+        self.rows = tuple(rows)  # the dataset's prompts, for envs whose reset gives no question
+        self.dataset_hint = dataset_hint  # the setting that names the dataset, for the error message
 
     @classmethod
     def from_class(cls, agent_cls: type, tokenizer, sampling: SamplingParams, max_turns: int,
                    system_prompt: str | None = None, budget: TokenBudget | None = None,
-                   args: dict | None = None, where: str = "agent") -> SeedAgentAdapter:
+                   args: dict | None = None, where: str = "agent", rows: Sequence[SeedRow] = (),
+                   dataset_hint: str = "env.args.dataset_path") -> SeedAgentAdapter:
         """Build the user's class with the arguments its constructor names among `gconfig`,
-        `tokenizer`, `tokenizer_path`, `num_turns`, plus `args`."""
+        `tokenizer`, `tokenizer_path` (a folder `AutoTokenizer.from_pretrained` loads),
+        `num_turns`, plus `args`."""
         params = inspect.signature(agent_cls).parameters
         offered = {"gconfig": gconfig_of(sampling), "tokenizer": tokenizer,
                    "tokenizer_path": getattr(tokenizer, "name_or_path", None), "num_turns": max_turns}
@@ -197,22 +149,37 @@ class SeedAgentAdapter:
         if missing:
             raise ConfigError(f"{where}: {agent_cls.__name__} needs argument '{missing[0]}'; set {where}.args."
                               f"{missing[0]} (offered: {', '.join(offered)})")
-        return cls(agent_cls(**kwargs), tokenizer, sampling, max_turns, system_prompt, budget)
+        try:
+            agent = agent_cls(**kwargs)
+        except Exception as e:  # the user's constructor: one line naming the class and the cause
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ConfigError(f"{where}: building {agent_cls.__name__}({', '.join(kwargs)}) raised "
+                              f"{type(e).__name__}: {first}") from None
+        return cls(agent, tokenizer, sampling, max_turns, system_prompt, budget, rows, dataset_hint)
 
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
         """Run the seed agent's `collect_trajectory`, serving its queue requests with `llm`."""
         obs, reset_info = await env.reset(seed=task.env_seed)
-        if not isinstance(obs, str):
-            raise EnvError(f"seed-style env reset() must return the question text as its observation, got "
-                           f"{type(obs).__name__}")
+        reset_info = reset_info if isinstance(reset_info, dict) else {}
+        if obs is None and self.rows:  # AReaL's way: the question comes from the dataset
+            row = self.rows[task.env_seed % len(self.rows)]
+            question, qid = row.question, str(reset_info.get("qid", row.qid))
+        elif isinstance(obs, str):
+            question, qid = obs, str(reset_info.get("qid", task.env_seed))
+        elif obs is None:
+            raise EnvError(f"seed-style env {type(getattr(env, '_env', env)).__name__}.reset() gave no question "
+                           f"(None) and there is no dataset: set {self.dataset_hint} to a JSONL/Parquet/CSV file "
+                           "with a question (or prompt) column, or return the question text from reset()")
+        else:
+            raise EnvError(f"seed-style env reset() must return the question text (or None, with a dataset) as "
+                           f"its observation, got {type(obs).__name__}")
         conv = Conversation(self.tokenizer)
         if self.system_prompt:
             conv.add_message("system", self.system_prompt)
         instructions = getattr(env, "instructions", "")
-        conv.add_message("user", f"{instructions}\n{obs}" if instructions else obs)
-        qid = str(reset_info.get("qid", task.env_seed))
+        conv.add_message("user", f"{instructions}\n{question}" if instructions else question)
         record = _Record()
-        prompt = SeedPrompt(qid, conv.prompt_ids(), obs)
+        prompt = SequenceSample.prompt(qid, conv.prompt_ids(), question)
         obs_queue: asyncio.Queue = asyncio.Queue()
         act_queue: asyncio.Queue = asyncio.Queue()
         runner = asyncio.ensure_future(self.agent.collect_trajectory(
@@ -236,7 +203,12 @@ class SeedAgentAdapter:
             if runner.done():
                 request.cancel()
                 return None
-            qid, token_ids, gconfig = request.result()
+            item = request.result()
+            if not (isinstance(item, (tuple, list)) and len(item) == 3
+                    and isinstance(item[1], (list, tuple)) and all(isinstance(t, int) for t in item[1])):
+                raise EnvError(f"seed-style agent put {type(item).__name__} {str(item)[:60]!r} on obs_queue; "
+                               "expected a (qid, token_ids: list of ints, gconfig) tuple")
+            qid, token_ids, gconfig = item
             turn = len(record.rewards)
             if turn >= self.max_turns:
                 return "max_turns"
@@ -275,6 +247,20 @@ class SeedAgentAdapter:
                     raise EnvError(f"seed-style agent returned {len(rewards)} rewards for {len(record.rewards)} turns")
                 record.rewards = rewards
             info.update(result.get("info") or {})
+        elif isinstance(result, (list, tuple)) and result:
+            rewards = [_sample_reward(x) for x in result]
+            if len(rewards) == len(record.rewards) and None not in rewards:
+                record.rewards = rewards  # AReaL's samples, one per turn, carry the agent's reward shaping
+            else:
+                reason_text = (f"{len(result)} samples for {len(record.rewards)} turns" if None not in rewards
+                               else "samples without a 'rewards' entry")
+                warn_once(f"{type(self.agent).__name__}.collect_trajectory returned {reason_text}: their rewards "
+                          "are dropped and the env steps' rewards are used; return one sample per turn with "
+                          "'rewards', or a dict {'rewards': [one per turn]}")
+        elif result is not None and not isinstance(result, (list, tuple)):
+            warn_once(f"{type(self.agent).__name__}.collect_trajectory returned a {type(result).__name__}, which "
+                      "is dropped (the env steps' rewards are used); return None, a list of samples with "
+                      "'rewards' (one per turn) or a dict with 'rewards'/'success'/'info'")
         if isinstance(result, dict) and "success" in result:
             success = bool(result["success"])
         elif record.last_step is not None:
@@ -286,6 +272,37 @@ class SeedAgentAdapter:
                     truncation_reason=reason, turns=len(record.rewards))
         return Trajectory(record.token_ids, record.loss_mask, record.logprobs, record.versions, record.rewards,
                           record.reward_positions, task.group_id, task.env_seed, info, record.states)
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Print `agentrl: warning: message` on stderr, once per process."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"agentrl: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _sample_reward(sample: Any) -> float | None:
+    """The (first) reward of one returned sample: a SequenceSample's data['rewards'], a dict's
+    'rewards' (or 'reward'), or a `rewards` attribute; None when it carries none."""
+    if isinstance(sample, Mapping):
+        value = sample.get("rewards", sample.get("reward"))
+    elif isinstance(getattr(sample, "data", None), Mapping):
+        value = sample.data.get("rewards", sample.data.get("reward"))
+    else:
+        value = getattr(sample, "rewards", None)
+    if hasattr(value, "tolist"):  # a tensor or an array
+        value = value.tolist()
+    while isinstance(value, (list, tuple)):
+        if not value:
+            return None
+        value = value[0]
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def gconfig_of(sampling: SamplingParams) -> GenerationConfig:

@@ -15,7 +15,7 @@ In the spirit of Gymnasium's `gymnasium/utils/env_checker.py`, for our async tex
    give the same observations, rewards, flags and infos;
 5. adversarial replies (empty, huge, unicode, lone surrogates, control bytes, numbers, tags,
    several directions at once) are ordinary steps, never exceptions;
-6. `close()` may be called twice.
+6. `close()`, when the env has one (it is optional), may be called twice.
 
 The first failure raises `EnvCheckError` naming the env, the check and the offending value.
 """
@@ -32,6 +32,7 @@ from collections.abc import Callable
 from numbers import Real
 from typing import Any, NoReturn
 
+from agentrl.envs.service import close_env
 from agentrl.errors import EnvError
 
 ADVERSARIAL_REPLIES = (
@@ -132,9 +133,10 @@ class _Checker:
         for method in ("reset", "step"):
             if not inspect.iscoroutinefunction(getattr(env, method, None)):
                 self.fail("api", f"{method} must be an async method")
-        for method in ("sample_action", "close"):
-            if not callable(getattr(env, method, None)):
-                self.fail("api", f"{method} must be a method")
+        if not callable(getattr(env, "sample_action", None)):
+            self.fail("api", "sample_action must be a method (check_env plays random episodes with it)")
+        if getattr(env, "close", None) is not None and not callable(env.close):
+            self.fail("api", "close must be a method (or absent: it is optional)")
 
     async def play(self, env: Any, seed: int) -> list:
         """Reset with `seed` and play `sample_action` to the end; the transcript of the episode."""
@@ -199,13 +201,13 @@ async def acheck_env(make_env: Callable[[], Any], seeds: tuple[int, ...] = (0, 1
             steps += 3 * (len(first) - 1)
         await checker.adversarial(env, seeds[0] if seeds else 0)
     except EnvCheckError:
-        env.close()
+        close_env(env)
         raise
     finally:
-        fresh.close()
+        close_env(fresh)
     try:
-        env.close()
-        env.close()
+        close_env(env)
+        close_env(env)
     except Exception as e:
         checker.fail("close", f"close() twice raised {type(e).__name__}: {e}")
     return {"episodes": 3 * len(seeds), "steps": steps, "adversarial_replies": len(ADVERSARIAL_REPLIES)}

@@ -161,7 +161,9 @@ class RolloutCollector:
             return traj
         finally:
             try:
-                env.close()
+                close = getattr(env, "close", None)  # optional: the seeds' envs have reset and step only
+                if callable(close):
+                    close()
             except Exception:  # closing a broken env must not hide the episode's own outcome
                 pass
 

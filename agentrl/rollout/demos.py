@@ -70,16 +70,23 @@ def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, see
     """Text the env produces under random play (instructions, observations, replies).
 
     `step=False` reads only first observations and sampled replies, for envs whose `step`
-    does not take a reply string (the seeds' `step((qid, answers))`).
+    does not take a reply string (the seeds' `step((qid, answers))`); there a first observation
+    that is not text (None: the question comes from a dataset) and a missing `sample_action`
+    are skipped, and `close` is optional. An env without `sample_action` gives its first
+    observations only.
     """
     async def play(k: int) -> list[str]:
         env = env_factory()
         rng = random.Random(seed * 7919 + k)
         try:
             obs, _ = await env.reset(seed=seed * 7919 + k)
-            lines = [f"user\n{getattr(env, 'instructions', '')}\n{obs}", "assistant"]
             if not step:
-                return lines + [env.sample_action(rng)]
+                lines = [f"user\n{getattr(env, 'instructions', '')}\n{obs}"] if isinstance(obs, str) else []
+                sample = getattr(env, "sample_action", None)
+                return lines + (["assistant", sample(rng)] if callable(sample) else [])
+            lines = [f"user\n{getattr(env, 'instructions', '')}\n{obs}", "assistant"]
+            if not callable(getattr(env, "sample_action", None)):  # optional: no random play, first observations only
+                return lines
             for _ in range(max_turns):
                 action = env.sample_action(rng)
                 lines.append(action)
@@ -89,7 +96,9 @@ def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, see
                     break
             return lines
         finally:
-            env.close()
+            close = getattr(env, "close", None)
+            if callable(close):
+                close()
 
     async def play_all() -> list[list[str]]:
         return await asyncio.gather(*(play(k) for k in range(n_episodes)))

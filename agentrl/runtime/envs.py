@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.agents.compat import SeedAgentAdapter, is_seed_agent
+from agentrl.agents.seed_data import SeedRow, load_rows
 from agentrl.config import Config
+from agentrl.envs.service import close_env
 from agentrl.errors import ConfigError, RegistryError
 from agentrl.llm.conversation import TokenBudget, check_chat_template
 from agentrl.llm.engine import SamplingParams
@@ -79,7 +81,7 @@ def _env_factory(env_type: str, env_args: dict, section: str) -> Callable[[], An
     def factory():
         return cls(**args)
 
-    factory().close()  # bad argument values fail now, not inside the first episode
+    close_env(factory())  # bad argument values fail now, not inside the first episode
     return factory
 
 
@@ -131,7 +133,8 @@ def make_agent(cfg: Config, tag: str, tokenizer, budget: TokenBudget | None = No
     sampling = make_sampling(cfg, tokenizer)
     if is_seed_agent(cls):
         return SeedAgentAdapter.from_class(cls, tokenizer, sampling, definition.max_turns, agent_cfg.system_prompt,
-                                           budget, agent_cfg.args, section)
+                                           budget, agent_cfg.args, section, seed_rows(cfg, tag),
+                                           f"{where(cfg, tag)}.args.dataset_path")
     params = inspect.signature(cls).parameters
     kwargs = dict(tokenizer=tokenizer, sampling=sampling, max_turns=definition.max_turns,
                   system_prompt=agent_cfg.system_prompt)
@@ -167,6 +170,31 @@ def agent_texts(cfg: Config) -> list[str]:
         if cls is not None and hasattr(cls, "corpus_texts"):
             texts.extend(f"user\n{t}" for t in cls.corpus_texts(agent_cfg.args))
     return texts
+
+
+def seed_dataset(cfg: Config, tag: str) -> str | None:
+    """The dataset of a seed-style tag: its env's `dataset_path` argument (as the seeds build
+    their env), else that parameter's default in the env's constructor; None without one."""
+    definition = cfg.env_definitions()[tag]
+    path = definition.args.get("dataset_path")
+    if path is None and definition.type in ENVS:
+        param = _parameters(ENVS.get(definition.type)).get("dataset_path")
+        if param is not None and isinstance(param.default, (str, Path)):
+            path = param.default
+    return str(path) if path else None
+
+
+def seed_rows(cfg: Config, tag: str) -> tuple[SeedRow, ...]:
+    """The prompts a seed-style agent of `tag` is fed when its env's reset gives no question."""
+    path = seed_dataset(cfg, tag)
+    return load_rows(path, f"{where(cfg, tag)}.args.dataset_path") if path else ()
+
+
+def _parameters(cls: Any) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):
+        return {}
 
 
 def is_seed_tag(cfg: Config, tag: str) -> bool:

@@ -22,13 +22,15 @@ import agentrl.envs.math  # noqa: F401
 import agentrl.envs.sokoban  # noqa: F401
 from agentrl.algos.policy_losses import check_loss_mode
 from agentrl.config import Config, save_config, to_dict
-from agentrl.errors import ConfigError, RegistryError
+from agentrl.envs.service import close_env
+from agentrl.errors import ConfigError, RegistryError, RolloutError
 from agentrl.llm.local import LocalEngine
 from agentrl.models.loading import DTYPES, load_pretrained, save_pretrained
 from agentrl.registry import ESTIMATORS
 from agentrl.rollout.collector import RolloutCollector, make_tasks
 from agentrl.runtime.envs import (agent_texts, check_agents, check_templates, import_user_modules, is_seed_tag,
                                   make_budget, make_env_factories, make_tag_specs)
+from agentrl.runtime.seeds import check_tokenizer, demo_factories, fingerprint, seed_texts, tokenizer_folder
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.trainer import Trainer
@@ -73,32 +75,48 @@ def cache_root(cfg: Config) -> Path:
     return Path(root).expanduser()
 
 
-def tiny_cache_key(cfg: Config) -> str:
-    """Hash of everything the warm-started tiny model depends on."""
+def tiny_cache_key(cfg: Config, tokenizer: Any = None) -> str:
+    """Hash of everything the warm-started tiny model depends on (a user-given tokenizer too)."""
     tags = list(cfg.env_definitions())
     parts = {"v": WARM_START_VERSION, "tiny": to_dict(cfg.model.tiny), "warm": to_dict(cfg.model.warm_start),
              "envs": {t: to_dict(cfg.env_definitions()[t]) for t in tags},
              "agents": {t: to_dict(cfg.agent_for(t)) for t in tags}, "plan": cfg.group_tags("train"),
              "imports": cfg.imports, "seed": cfg.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
              "budget": [cfg.rollout.max_episode_tokens, cfg.rollout.max_model_len]}
+    if tokenizer is not None:
+        parts["tokenizer"] = fingerprint(tokenizer)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None]) -> tuple[Any, Any]:
-    """(model, tokenizer): from model.path, or the cached / freshly warm-started tiny default."""
+def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None],
+                tokenizer: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer): from model.path, or the cached / freshly warm-started tiny default
+    (whose tokenizer's `name_or_path` is a tokenizer folder, for seed agents' `tokenizer_path`);
+    a given `tokenizer` replaces the folder's (and the tiny default is built on it)."""
     if cfg.model.path:
-        return load_pretrained(cfg.model.path, cfg.model.dtype)
-    path = cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
+        model, loaded = load_pretrained(cfg.model.path, cfg.model.dtype)
+        if tokenizer is None:
+            return model, loaded
+        folder = cache_root(cfg) / f"tokenizer-{fingerprint(tokenizer)}"  # for a tokenizer held in memory only
+        return model, tokenizer_folder(check_tokenizer(tokenizer, model), folder)
+    key = tiny_cache_key(cfg, tokenizer)
+    path = cache_root(cfg) / f"tiny-{key}"
+    tokenizer_dir = cache_root(cfg) / f"tiny-{key}.tokenizer"
     if not (path / "config.json").is_file():
         log(f"building the embedded tiny model (cached at {path})")
-        model, tokenizer = build_tiny(cfg, factories, log)
-        save_pretrained(model, tokenizer, path)
-    return load_pretrained(path, cfg.model.dtype)
+        model, built = build_tiny(cfg, factories, log, tokenizer, tokenizer_dir)
+        save_pretrained(model, built, path)
+    model, loaded = load_pretrained(path, cfg.model.dtype)
+    if tokenizer is None:  # the model folder's config.json could make AutoTokenizer pick another class
+        return model, tokenizer_folder(loaded, tokenizer_dir, keep_own=False)
+    return model, tokenizer_folder(check_tokenizer(tokenizer, model), tokenizer_dir)
 
 
-def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None]) -> tuple[Any, Any]:
-    """Train the tokenizer on every env of the run, build the tiny model and warm-start it on
-    demonstrations of every tag, in the proportions of the training batches."""
+def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None], tokenizer: Any = None,
+               tokenizer_dir: Path | None = None) -> tuple[Any, Any]:
+    """Train the tokenizer on every env of the run (unless one is given), build the tiny model and
+    warm-start it on demonstrations of every tag that can give them, in the proportions of the
+    training batches."""
     from agentrl.models.tiny import build_model, build_tokenizer
     from agentrl.rollout.demos import ScriptedClient, corpus
     from agentrl.train.warm_start import warm_start
@@ -110,20 +128,32 @@ def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str],
             yield from corpus(make_env, max_turns=definitions[tag].max_turns, seed=cfg.seed,
                               step=not is_seed_tag(cfg, tag))
         yield from agent_texts(cfg)
+        yield from seed_texts(cfg)
 
-    tokenizer = build_tokenizer(texts(), cfg.model.tiny.vocab_size)
+    if tokenizer is None:
+        tokenizer = build_tokenizer(texts(), cfg.model.tiny.vocab_size)
+    if tokenizer_dir is not None:
+        tokenizer_folder(tokenizer, tokenizer_dir)  # seed agents load theirs from tokenizer_path
     model = build_model(cfg.model.tiny, tokenizer, seed=cfg.seed)
+    shown = demo_factories(cfg, factories, log)
+    plan = [t for t in cfg.group_tags("train") if t in shown]
+    if not plan:
+        log("warm start skipped: no env of this run can demonstrate a reply (no sample_action, no dataset answers)")
+        return model.eval(), tokenizer
     client = ScriptedClient(tokenizer)
     budget = make_budget(cfg, model_context(model))
-    collector = RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget, wrap=client.wrap), client)
-    plan = cfg.group_tags("train")
+    collector = RolloutCollector(make_tag_specs(cfg, tokenizer, shown, budget, wrap=client.wrap), client)
     ws = cfg.model.warm_start
     demo_tags = [plan[i * len(plan) // ws.batch_size] for i in range(ws.batch_size)]  # the batch's mix
 
     def demos(step: int):
         tasks = make_tasks(cfg.seed, step, ws.batch_size, 1, seed_base=DEMO_SEED_BASE, tags=demo_tags)
         client.reset_entropy()
-        return collector.collect(tasks).trajectories, client.reply_entropy
+        result = collector.collect(tasks)
+        if not result.trajectories:  # say why, not "pack() needs at least one trajectory"
+            raise RolloutError(f"warm start: all {len(tasks)} demonstration episodes failed; first error: "
+                               f"{result.errors[0] if result.errors else 'none recorded'}")
+        return result.trajectories, client.reply_entropy
 
     stats = warm_start(model, demos, ws, tokenizer.pad_token_id, log)
     log(f"warm start done: {stats['steps']} steps, loss {stats['loss']:.4f} (floor {stats['floor']:.4f})")
@@ -131,8 +161,9 @@ def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str],
 
 
 # ---------------------------------------------------------------------------- the run
-def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print) -> Trainer:
-    """Build env factories, model, engine, agents, collector, actor and trainer from `cfg`."""
+def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print, tokenizer: Any = None) -> Trainer:
+    """Build env factories, model, engine, agents, collector, actor and trainer from `cfg`
+    (with `tokenizer` instead of the model's own when given)."""
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
     check_estimator(cfg)
@@ -140,7 +171,7 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     check_loss_mode(cfg.actor.policy_loss.loss_mode)  # after `imports`, which may register modes
     factories = make_env_factories(cfg)
     check_agents(cfg)
-    model, tokenizer = load_policy(cfg, factories, log)
+    model, tokenizer = load_policy(cfg, factories, log, tokenizer)
     check_templates(cfg, tokenizer)
     budget = make_budget(cfg, model_context(model))
     model.to(device)
@@ -172,14 +203,19 @@ def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:
         env = make_env()
         if callable(getattr(env, "eval_baselines", None)):
             out[tag] = env.eval_baselines
-        env.close()
+        close_env(env)
     return out
 
 
-def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run a whole experiment; returns the summary (also written to run_dir/summary.json)."""
+def prepare(cfg: Config, log: Callable[[str], None] = print, tokenizer: Any = None) -> Trainer:
+    """Make the run folder, write its config.yaml and build every part (`train` without the fit)."""
     run_dir = cfg.resolved_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
-    trainer = build_trainer(cfg, run_dir, log)
-    return trainer.fit(resume=resume)
+    return build_trainer(cfg, run_dir, log, tokenizer)
+
+
+def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print,
+          tokenizer: Any = None) -> dict[str, Any]:
+    """Run a whole experiment; returns the summary (also written to run_dir/summary.json)."""
+    return prepare(cfg, log, tokenizer).fit(resume=resume)

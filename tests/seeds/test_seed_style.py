@@ -1,0 +1,288 @@
+"""Issue 14 item 3: an agent and env written as seeds 000/001 show them run unchanged.
+
+The user's module is tests/seeds/areal_math_agent.py; it is run through the real CLI on the
+embedded default, as `agentrl train imports=[...] env.type=... agent.type=...`.
+"""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from agentrl.agents.compat import SeedAgentAdapter, is_seed_agent
+from agentrl.config import Config
+from agentrl.errors import ConfigError
+from agentrl.llm.engine import Completion, SamplingParams
+from agentrl.metrics import read_jsonl
+from agentrl.rollout.trajectory import Task
+from agentrl.runtime.envs import import_user_modules
+
+ROOT = Path(__file__).parents[2]
+MODULE = str(Path(__file__).with_name("areal_math_agent.py"))
+TINY = [  # tests/e2e/test_train.py's TINY without the FrozenLake env arguments
+    "model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64",
+    "model.tiny.vocab_size=300", "model.warm_start.max_steps=4", "model.warm_start.batch_size=4",
+    "rollout.batch_size=4", "rollout.group_size=2", "actor.ppo_mini_batch_size=4", "actor.micro_batch_size=2",
+    "trainer.total_steps=2", "trainer.test_freq=1", "trainer.eval_episodes=2", "trainer.save_freq=0",
+    "trainer.progress=false", "trainer.logger=[jsonl]", "rollout.max_new_tokens=8",
+]
+ROWS = [{"query_id": f"q{i}", "prompt": f"What is {a} + {b}?", "solutions": [f"\\boxed{{{a + b}}}"], "task": "math"}
+        for i, (a, b) in enumerate([(1, 2), (3, 4), (2, 2), (5, 1), (0, 3), (4, 4)])]
+
+
+def _agentrl(*args):
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "math.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def seed_module():
+    import_user_modules(Config(imports=[MODULE]))
+    return sys.modules[next(m for m in sys.modules if m.startswith("agentrl_user_areal_math_agent"))]
+
+
+def test_seed_agent_and_env_train_unchanged_through_the_cli(tmp_path, dataset):
+    """reset/step-only env (no close, no sample_action), reset() -> (None, {}) with the question
+    from the dataset, an Agent subclass loading AutoTokenizer from tokenizer_path, and its
+    returned samples' rewards (its own shaping) are what is trained on."""
+    run = tmp_path / "run"
+    res = _agentrl("train", f"imports=[{MODULE}]", "env.type=seed-math-code-single-step",
+                   f"env.args.dataset_path={dataset}", "env.max_turns=2", "agent.type=seed-math-multi-turn",
+                   "agent.args.num_turns=2", *TINY, f"run_dir={run}", f"model.cache_dir={tmp_path / 'cache'}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and "warning" not in res.stderr
+    assert "replies are random answers of its dataset" in res.stdout + res.stderr  # the warm start's fallback
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]
+    samples = read_jsonl(run / "samples.jsonl")
+    questions = {r["prompt"] for r in ROWS}
+    assert samples and all(any(q in s["text"] for q in questions) for s in samples)  # dataset rows as prompts
+    # the agent's shaping: a failed episode is -0.25 per try (the env's own rewards would give 0)
+    assert all(s["reward"] in (-0.25, -0.5) for s in samples if not s["success"])
+    assert all(s["reward"] in (1.0, 0.25) for s in samples if s["success"])
+
+
+def test_a_seed_env_without_a_dataset_fails_in_one_line_naming_the_setting(tmp_path):
+    res = _agentrl("train", f"imports=[{MODULE}]", "env.type=seed-no-dataset", "env.max_turns=2",
+                   "agent.type=seed-math-multi-turn", *TINY, "rollout.max_retries=0", f"run_dir={tmp_path / 'run'}",
+                   f"model.cache_dir={tmp_path / 'cache'}")
+    assert res.returncode == 2, res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("agentrl: error:") and "Traceback" not in res.stderr
+    assert "reset() gave no question" in last and "env.args.dataset_path" in last
+    assert "pack()" not in res.stderr
+
+
+def test_an_agent_subclassing_a_seed_base_is_seed_style(seed_module):
+    import agentrl
+    from agentrl.agents.base import Agent as OurContract
+
+    assert is_seed_agent(seed_module.MathMultiTurnAgent)  # subclasses agentrl.Agent
+
+    class OnOurProtocol(OurContract):  # `class MathMultiTurnAgent(Agent)` with our contract's Agent imported
+        async def collect_trajectory(self, prompt, env, obs_queue, act_queue):
+            pass
+
+    class Ours:
+        async def run_episode(self, task, env, llm):
+            pass
+
+    class Both(agentrl.Agent):
+        async def run_episode(self, task, env, llm):
+            pass
+
+    assert is_seed_agent(OnOurProtocol) and is_seed_agent(Both)
+    assert not is_seed_agent(Ours)
+
+
+def test_the_seeds_names_exist_where_a_user_looks():
+    import agentrl
+    from agentrl import agents, envs
+    from agentrl.registry import ENVS
+
+    for name in ("Agent", "EnvironmentService", "BundledGenerationOutputs", "GenerationHyperparameters",
+                 "SequenceSample", "math_verify_call", "register_environment", "register_agent", "register_env"):
+        assert getattr(agentrl, name) is not None, name
+    assert agents.Agent is agentrl.Agent and agents.SequenceSample is agentrl.SequenceSample
+    assert envs.EnvironmentService is agentrl.EnvironmentService and envs.math_verify_call is agentrl.math_verify_call
+    gconfig = agentrl.GenerationHyperparameters(max_new_tokens=8).new(n=1)
+    assert gconfig.n == 1 and gconfig.max_new_tokens == 8
+
+    class MyEnv(agentrl.EnvironmentService):
+        async def step(self, action):
+            return None, [1.0], True, False, {}
+
+    agentrl.register_environment("seed-names-test-env", MyEnv)
+    assert ENVS.get("seed-names-test-env") is MyEnv
+    assert asyncio.run(MyEnv().reset()) == (None, {})
+    MyEnv().close()  # optional, and harmless
+
+
+def test_math_verify_call_is_thread_safe():
+    from agentrl import math_verify_call
+
+    id2info = {f"q{n}": {"solutions": [f"\\boxed{{{n}}}"]} for n in range(8)}
+    id2info["half"] = {"answer": "1/2"}
+    jobs = [([f"The answer is \\boxed{{{n}}}", f"\\boxed{{{n + 1}}}"], [f"q{n}@0", f"q{n}@1"]) for n in range(8)]
+    jobs.append((["0.5", "\\frac{1}{2}", "2"], ["half"] * 3))
+    expected = [[1.0, 0.0]] * 8 + [[1.0, 1.0, 0.0]]
+    results = [None] * len(jobs)
+    start = threading.Barrier(len(jobs))
+
+    def work(k):
+        start.wait()  # every thread calls at once
+        results[k] = math_verify_call(id2info, *jobs[k])
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == expected
+
+    async def seeds_way():  # as seed 001 calls it, from many episodes at once
+        return await asyncio.gather(*(asyncio.to_thread(math_verify_call, id2info, *job) for job in jobs))
+
+    assert asyncio.run(seeds_way()) == expected
+    assert asyncio.run(asyncio.wait_for(_direct(id2info), 60)) == [1.0]  # called without to_thread: still works
+    with pytest.raises(Exception, match="query id 'nope' is not in id2info"):
+        math_verify_call(id2info, ["1"], ["nope"])
+
+
+async def _direct(id2info):
+    from agentrl import math_verify_call
+
+    return math_verify_call(id2info, ["3"], ["q3"])
+
+
+class _Replies:
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.replies = tokenizer, list(replies)
+
+    async def generate(self, prompt_ids, sampling):
+        ids = self.tokenizer.encode(self.replies.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        return Completion(ids, [-1.0] * len(ids), "stop")
+
+
+class _QuestionEnv:
+    async def reset(self, seed=None, options=None):
+        return f"Question {seed}", {}
+
+    async def step(self, action):
+        _, answers = action
+        return None, [float("yes" in a) for a in answers], True, False, {}
+
+
+def _returning(value):
+    class Returner:
+        def __init__(self, gconfig, tokenizer):
+            self.gconfig, self.tokenizer = gconfig, tokenizer
+
+        async def collect_trajectory(self, prompt, env, obs_queue, act_queue):
+            ids = list(prompt.data["packed_prompts"])
+            for _ in range(2):
+                await obs_queue.put((prompt.ids[0], ids, self.gconfig))
+                act = await act_queue.get()
+                await env.step((prompt.ids[0], [self.tokenizer.decode(act.output_ids[0])]))
+                ids = list(act.seqs[0]) + self.tokenizer.encode("\nagain\n", add_special_tokens=False)
+            return value
+
+    return Returner
+
+
+def _episode(agent_cls, tokenizer):
+    adapter = SeedAgentAdapter.from_class(agent_cls, tokenizer, SamplingParams(max_new_tokens=4), max_turns=2)
+    return asyncio.run(adapter.run_episode(Task(env_seed=1, group_id=0, sampling_seed=0), _QuestionEnv(),
+                                           _Replies(tokenizer, ["no", "yes"])))
+
+
+def test_returned_samples_carry_the_agents_reward_shaping(tiny_tokenizer, capfd):
+    from agentrl import SequenceSample
+
+    samples = [SequenceSample.from_default(ids=["1"], data={"rewards": [-0.3]}), {"rewards": 0.7}]
+    assert _episode(_returning(samples), tiny_tokenizer).rewards == [-0.3, 0.7]
+    assert _episode(_returning(None), tiny_tokenizer).rewards == [0.0, 1.0]  # the env steps' rewards
+    assert "warning" not in capfd.readouterr().err
+
+
+def test_a_return_value_that_cannot_be_used_is_named_in_one_warning(tiny_tokenizer, capfd):
+    traj = _episode(_returning([{"rewards": [0.5]}]), tiny_tokenizer)  # one sample for two turns
+    assert traj.rewards == [0.0, 1.0]
+    _episode(_returning([{"rewards": [0.5]}]), tiny_tokenizer)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("agentrl: warning: Returner.collect_trajectory returned 1 samples "
+                                               "for 2 turns")
+    _episode(_returning("done"), tiny_tokenizer)
+    assert "returned a str, which is dropped" in capfd.readouterr().err
+
+
+def test_a_seed_agent_whose_constructor_fails_is_one_config_error(tiny_tokenizer, seed_module):
+    with pytest.raises(ConfigError, match=r"^agent: building MathMultiTurnAgent\(gconfig, tokenizer_path, num_turns\) raised OSError"):
+        SeedAgentAdapter.from_class(seed_module.MathMultiTurnAgent, tiny_tokenizer, SamplingParams(), max_turns=2)
+
+
+def test_the_embedded_default_gives_seed_agents_a_tokenizer_folder(tmp_path, dataset, seed_module):
+    from transformers import AutoTokenizer
+
+    from agentrl.config import load_config
+    from agentrl.runtime.envs import make_env_factories
+    from agentrl.runtime.local import load_policy
+
+    cfg = load_config(None, [f"imports=[{MODULE}]", "env.type=seed-math-code-single-step",
+                             f"env.args.dataset_path={dataset}", "agent.type=seed-math-multi-turn", *TINY,
+                             "model.warm_start.max_steps=1", f"model.cache_dir={tmp_path}"])
+    for _ in range(2):  # built, then from the cache
+        _, tokenizer = load_policy(cfg, make_env_factories(cfg), log=lambda m: None)
+        folder = Path(tokenizer.name_or_path)
+        assert folder.is_dir() and not (folder / "config.json").exists()
+        text = "What is 12 + 345? \\boxed{357}"
+        assert AutoTokenizer.from_pretrained(folder).encode(text) == tokenizer.encode(text)
+
+
+def test_a_malformed_queue_request_is_one_line_naming_the_shape(tiny_tokenizer):
+    from agentrl.errors import EnvError
+
+    class TwoTuple:
+        async def collect_trajectory(self, prompt, env, obs_queue, act_queue):
+            await obs_queue.put((prompt.ids[0], list(prompt.data["packed_prompts"])))  # gconfig forgotten
+            await act_queue.get()
+
+    adapter = SeedAgentAdapter.from_class(TwoTuple, tiny_tokenizer, SamplingParams(max_new_tokens=4), max_turns=2)
+    with pytest.raises(EnvError, match=r"on obs_queue; expected a \(qid, token_ids: list of ints, gconfig\) tuple"):
+        asyncio.run(adapter.run_episode(Task(env_seed=1, group_id=0, sampling_seed=0), _QuestionEnv(),
+                                        _Replies(tiny_tokenizer, ["yes"])))
+
+
+class _GuessEnv:
+    """Our own contract's env with reset and step only: no close, no sample_action, no instructions."""
+
+    async def reset(self, seed=None, options=None):
+        return "Say yes.", {}
+
+    async def step(self, action):
+        ok = "yes" in action
+        return "Done.", float(ok), True, False, {"success": ok}
+
+
+def test_an_env_with_reset_and_step_only_trains_with_our_own_agent(tmp_path):
+    import agentrl
+
+    logs = []
+    cfg = agentrl.load_config({"env": {"max_turns": 1}}, [*TINY, f"run_dir={tmp_path / 'run'}",
+                                                          f"model.cache_dir={tmp_path / 'cache'}"])
+    summary = agentrl.train(cfg, env_cls=_GuessEnv, log=logs.append)
+    assert "eval_success_after" in summary
+    assert any("is not demonstrated (its env has no sample_action" in m for m in logs)
+    assert any(m.startswith("warm start skipped") for m in logs)
