@@ -4,9 +4,9 @@ The public API, imported lazily (so `import agentrl` stays fast):
 
 - `load_config(source=None, overrides=())`: a validated Config from a YAML file, a dict or a
   Config, then `key=value` overrides;
-- `train(config, agent_cls=None, env_cls=None, tokenizer=None, ...)`: train, with classes passed
-  directly (no registry, no `imports=`); returns the run's summary. `agentrl.train` is also the
-  training package: the package itself is what you call;
+- `fit(config, agent_cls=None, env_cls=None, tokenizer=None, ...)`: train, with classes passed
+  directly (no registry, no `imports=`); returns the run's summary (named `fit`, as
+  `AgentTrainer.fit`, because `agentrl.train` is the training package);
 - `AgentTrainer(config=..., tokenizer=..., agent_cls=...)` with `init_workers()` and `fit()`
   (seed 003's verl-style entry point);
 - the registries: `register_env` (alias `register_environment`), `register_agent`,
@@ -23,7 +23,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "load_config": "agentrl.api", "AgentTrainer": "agentrl.api",
+    "load_config": "agentrl.api", "fit": "agentrl.api", "AgentTrainer": "agentrl.api",
     "register_env": "agentrl.registry", "register_agent": "agentrl.registry",
     "register_environment": "agentrl.registry", "register_estimator": "agentrl.registry",
     "Agent": "agentrl.agents.seed_api", "SequenceSample": "agentrl.agents.seed_api",
@@ -33,12 +33,10 @@ _EXPORTS = {
     "AgentRLError": "agentrl.errors", "ConfigError": "agentrl.errors",
 }
 
-__all__ = sorted([*_EXPORTS, "train"])
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "train":  # the subpackage, made callable (agentrl/train/__init__.py)
-        return importlib.import_module("agentrl.train")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value

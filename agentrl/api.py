@@ -1,9 +1,9 @@
 """The Python API: load a config, train with classes passed directly, and seed 003's AgentTrainer.
 
-    from agentrl import load_config, train, AgentTrainer
+    from agentrl import load_config, fit, AgentTrainer
 
     cfg = load_config({"env": {"type": "frozen_lake"}}, ["trainer.total_steps=20"])
-    summary = train(cfg, agent_cls=MyAgent, env_cls=MyEnv)       # no registry, no imports=
+    summary = fit(cfg, agent_cls=MyAgent, env_cls=MyEnv)         # no registry, no imports=
 
     trainer = AgentTrainer(config=cfg, tokenizer=None, agent_cls=MyAgent, env_cls=MyEnv)
     trainer.init_workers()                                        # builds every part
@@ -111,7 +111,7 @@ def _config(config: ConfigSource, overrides: Sequence[str] | Mapping[str, Any]) 
     return load_config(config, overrides)
 
 
-def train(config: ConfigSource = None, agent_cls: Any = None, env_cls: Any = None, tokenizer: Any = None, *,
+def fit(config: ConfigSource = None, agent_cls: Any = None, env_cls: Any = None, tokenizer: Any = None, *,
           overrides: Sequence[str] | Mapping[str, Any] = (), resume: bool = False,
           log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train: `config` (a Config, dict or YAML path) with `overrides`; `agent_cls` / `env_cls`

@@ -1,6 +1,6 @@
 """Train from Python: a config from a dict, an env class passed directly, seed 003's AgentTrainer.
 
-    python examples/python_api.py                      # train(cfg, env_cls=ParityEnv)
+    python examples/python_api.py                      # fit(cfg, env_cls=ParityEnv)  
     python examples/python_api.py --agent-trainer      # AgentTrainer(...).init_workers(); .fit()
     python examples/python_api.py trainer.total_steps=5 run_dir=runs/parity   # any overrides
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import sys
 
-from agentrl import AgentTrainer, load_config, train
+from agentrl import AgentTrainer, fit, load_config
 
 
 class ParityEnv:
@@ -42,7 +42,7 @@ def main(args: list[str]) -> dict:
         trainer = AgentTrainer(config=cfg, tokenizer=None, env_cls=ParityEnv)
         trainer.init_workers()
         return trainer.fit()
-    return train(cfg, env_cls=ParityEnv)
+    return fit(cfg, env_cls=ParityEnv)
 
 
 if __name__ == "__main__":

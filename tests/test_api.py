@@ -1,4 +1,4 @@
-"""Issue 14 item 4: the Python API at the package top (load_config, train, AgentTrainer)."""
+"""Issue 14 item 4: the Python API at the package top (load_config, fit, AgentTrainer)."""
 
 import importlib.util
 import json
@@ -98,4 +98,4 @@ def test_bad_api_arguments_are_one_line_errors():
     with pytest.raises(ConfigError, match="env_cls= sets the env section, but custom_envs is set"):
         AgentTrainer(config=load_config(ROOT / "configs" / "mixed.yaml"), env_cls=_example().ParityEnv)
     with pytest.raises(ConfigError, match="agent_cls= must be a class"):
-        agentrl.train({}, agent_cls="chat")
+        agentrl.fit({}, agent_cls="chat")

@@ -5,6 +5,7 @@ embedded default, as `agentrl train imports=[...] env.type=... agent.type=...`.
 """
 
 import asyncio
+import copy
 import json
 import os
 import subprocess
@@ -229,8 +230,10 @@ def test_a_return_value_that_cannot_be_used_is_named_in_one_warning(tiny_tokeniz
 
 
 def test_a_seed_agent_whose_constructor_fails_is_one_config_error(tiny_tokenizer, seed_module):
+    in_memory = copy.deepcopy(tiny_tokenizer)
+    in_memory.name_or_path = ""  # a tokenizer with no folder: the agent's from_pretrained("") fails
     with pytest.raises(ConfigError, match=r"^agent: building MathMultiTurnAgent\(gconfig, tokenizer_path, num_turns\) raised OSError"):
-        SeedAgentAdapter.from_class(seed_module.MathMultiTurnAgent, tiny_tokenizer, SamplingParams(), max_turns=2)
+        SeedAgentAdapter.from_class(seed_module.MathMultiTurnAgent, in_memory, SamplingParams(), max_turns=2)
 
 
 def test_the_embedded_default_gives_seed_agents_a_tokenizer_folder(tmp_path, dataset, seed_module):
@@ -282,7 +285,7 @@ def test_an_env_with_reset_and_step_only_trains_with_our_own_agent(tmp_path):
     logs = []
     cfg = agentrl.load_config({"env": {"max_turns": 1}}, [*TINY, f"run_dir={tmp_path / 'run'}",
                                                           f"model.cache_dir={tmp_path / 'cache'}"])
-    summary = agentrl.train(cfg, env_cls=_GuessEnv, log=logs.append)
+    summary = agentrl.fit(cfg, env_cls=_GuessEnv, log=logs.append)
     assert "eval_success_after" in summary
     assert any("is not demonstrated (its env has no sample_action" in m for m in logs)
     assert any(m.startswith("warm start skipped") for m in logs)
