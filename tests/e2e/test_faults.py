@@ -19,19 +19,21 @@ from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
 class FlakyLake:
     """FrozenLake whose steps raise with `raise_prob` and hang forever with `hang_prob`.
 
-    Faults are drawn from a stream seeded by the instance number, so a run is reproducible.
+    Faults are drawn from a stream seeded by the episode's env seed and attempt, so a run meets
+    the same faults whatever the order in which episodes (and their retries) start.
     """
 
-    created = 0
+    attempts: dict = {}  # env seed -> resets so far (attempt 0, then each retry)
 
     def __init__(self, raise_prob: float = 0.0, hang_prob: float = 0.0, **lake_args) -> None:
         self.lake = FrozenLakeEnv(**lake_args)
         self.instructions = self.lake.instructions
         self.raise_prob, self.hang_prob = raise_prob, hang_prob
-        self.rng = random.Random(FlakyLake.created)
-        FlakyLake.created += 1
+        self.rng = random.Random(0)
 
     async def reset(self, seed=None, options=None):
+        attempt = FlakyLake.attempts[seed] = FlakyLake.attempts.get(seed, -1) + 1
+        self.rng = random.Random(f"{seed}/{attempt}")
         return await self.lake.reset(seed=seed, options=options)
 
     async def step(self, action):
@@ -70,7 +72,7 @@ def _flaky_cfg(tmp_path, tiny_path, *extra):
 
 @pytest.mark.parametrize("k", [0, 1])
 def test_training_goes_on_through_raising_and_hanging_envs(tmp_path, tiny_path, k):
-    FlakyLake.created = 0
+    FlakyLake.attempts = {}
     cfg = _flaky_cfg(tmp_path, tiny_path, "env.args.raise_prob=0.1", "env.args.hang_prob=0.05",
                      "rollout.episode_timeout=5.0", "rollout.max_retries=1", "rollout.max_failed_fraction=1.0",
                      f"rollout.max_staleness={k}")
@@ -78,15 +80,20 @@ def test_training_goes_on_through_raising_and_hanging_envs(tmp_path, tiny_path, 
     assert summary["steps"] == 3
     rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "rollout/kept_groups" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert sum(r["rollout/failures_env"] for r in rows) > 0
-    assert sum(r["rollout/failures_timeout"] for r in rows) > 0
-    assert sum(r["rollout/dropped_groups"] for r in rows) > 0
-    assert sum(r["rollout/retries"] for r in rows) > 0
+    if k == 0:
+        # On-policy a step waits for all its episodes, so the faults met are the same on every
+        # machine. The stream (k = 1) trains on the first groups to finish, which depend on the
+        # clock: a hung group may still be waiting out its timeouts when training ends.
+        assert sum(r["rollout/failures_env"] for r in rows) > 0
+        assert sum(r["rollout/failures_timeout"] for r in rows) > 0
+        assert sum(r["rollout/dropped_groups"] for r in rows) > 0
+        assert sum(r["rollout/retries"] for r in rows) > 0
     for r in rows:  # no partial group is ever trained on
         assert r.get("rollout/episodes", 0.0) == r["rollout/kept_groups"] * 2
         assert r["rollout/kept_groups"] == 4 - r["rollout/dropped_groups"]
-    errors = read_jsonl(tmp_path / "errors.jsonl")
-    assert {e["kind"] for e in errors} == {"env", "timeout"}
+    errors = read_jsonl(tmp_path / "errors.jsonl") if (tmp_path / "errors.jsonl").exists() else []
+    kinds = {e["kind"] for e in errors}
+    assert kinds == {"env", "timeout"} if k == 0 else kinds <= {"env", "timeout"}
     assert all("the lake cracked" in e["error"] for e in errors if e["kind"] == "env")
 
 
