@@ -21,13 +21,12 @@ import agentrl.envs.frozen_lake  # noqa: F401
 import agentrl.envs.math  # noqa: F401
 import agentrl.envs.sokoban  # noqa: F401
 from agentrl.config import Config, save_config, to_dict
-from agentrl.errors import ConfigError, RegistryError
+from agentrl.errors import ConfigError
 from agentrl.llm.local import LocalEngine
 from agentrl.models.loading import DTYPES, load_pretrained, save_pretrained
-from agentrl.registry import ESTIMATORS
 from agentrl.rollout.collector import RolloutCollector, make_tasks
-from agentrl.runtime.envs import (agent_texts, check_agents, check_templates, import_user_modules, is_seed_tag,
-                                  make_budget, make_env_factories, make_tag_specs)
+from agentrl.runtime.envs import agent_texts, check_templates, is_seed_tag, make_budget, make_tag_specs
+from agentrl.runtime.preflight import preflight
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.trainer import Trainer
@@ -50,14 +49,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def check_estimator(cfg: Config) -> None:
-    """algorithm.adv_estimator must name a registered estimator."""
-    try:
-        ESTIMATORS.get(cfg.algorithm.adv_estimator)
-    except RegistryError as e:
-        raise ConfigError(f"algorithm.adv_estimator: {e}") from None
 
 
 def model_context(model: Any) -> int:
@@ -134,10 +125,7 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     """Build env factories, model, engine, agents, collector, actor and trainer from `cfg`."""
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
-    check_estimator(cfg)
-    import_user_modules(cfg)
-    factories = make_env_factories(cfg)
-    check_agents(cfg)
+    factories = preflight(cfg)  # every model-free check, before the model is built or warm-started
     model, tokenizer = load_policy(cfg, factories, log)
     check_templates(cfg, tokenizer)
     budget = make_budget(cfg, model_context(model))
