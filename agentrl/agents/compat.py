@@ -172,6 +172,8 @@ class _EnvView:
 class SeedAgentAdapter:
     """Our agent contract around a seed-style agent: queues in, a token-exact Trajectory out."""
 
+    per_answer_rewards = True  # its env's step returns one reward per answer (the collector checks that)
+
     def __init__(self, agent: Any, tokenizer, sampling: SamplingParams, max_turns: int,
                  system_prompt: str | None = None, budget: TokenBudget | None = None) -> None:
         self.agent = agent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -24,6 +25,7 @@ from agentrl.config import Config, save_config, to_dict
 from agentrl.errors import ConfigError
 from agentrl.llm.local import LocalEngine
 from agentrl.models.loading import DTYPES, load_pretrained, save_pretrained
+from agentrl.registry import AGENTS, ENVS, Registry
 from agentrl.rollout.collector import RolloutCollector, make_tasks
 from agentrl.runtime.envs import agent_texts, check_templates, is_seed_tag, make_budget, make_tag_specs
 from agentrl.runtime.preflight import preflight
@@ -64,14 +66,35 @@ def cache_root(cfg: Config) -> Path:
 
 
 def tiny_cache_key(cfg: Config) -> str:
-    """Hash of everything the warm-started tiny model depends on."""
+    """Hash of everything the warm-started tiny model depends on.
+
+    Env and agent args are hashed with their constructors' defaults filled in: a config that
+    spells out a default (configs/frozen_lake.yaml) shares the warm start of one that leaves it out.
+    """
     tags = list(cfg.env_definitions())
+    envs = {t: {**to_dict(cfg.env_definitions()[t]), "agent": None} for t in tags}
+    agents = {t: to_dict(cfg.agent_for(t)) for t in tags}
+    for t in tags:
+        envs[t]["args"] = effective_args(ENVS, envs[t]["type"], envs[t]["args"])
+        agents[t]["args"] = effective_args(AGENTS, agents[t]["type"], agents[t]["args"])
     parts = {"v": WARM_START_VERSION, "tiny": to_dict(cfg.model.tiny), "warm": to_dict(cfg.model.warm_start),
-             "envs": {t: to_dict(cfg.env_definitions()[t]) for t in tags},
-             "agents": {t: to_dict(cfg.agent_for(t)) for t in tags}, "plan": cfg.group_tags("train"),
+             "envs": envs, "agents": agents, "plan": cfg.group_tags("train"),
              "imports": cfg.imports, "seed": cfg.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
              "budget": [cfg.rollout.max_episode_tokens, cfg.rollout.max_model_len]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def effective_args(registry: Registry, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` with the defaults of the registered class's constructor filled in (JSON-safe
+    defaults only; an unknown name keeps `args` as given)."""
+    if name not in registry:
+        return dict(args)
+    out = {}
+    for key, p in inspect.signature(registry.get(name)).parameters.items():
+        plain = isinstance(p.default, (str, int, float, bool, type(None)))
+        if p.default is not p.empty and plain and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            out[key] = p.default
+    return {**out, **args}
 
 
 def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None]) -> tuple[Any, Any]:
