@@ -92,7 +92,8 @@ def _env_factory(env_type: str, env_args: dict, section: str) -> Callable[[], An
     try:
         env.close()
     except Exception as e:
-        raise EnvError(f"{section}: env type '{env_type}': close() raised {type(e).__name__}: {_first_line(e)}") from None
+        raise EnvError(f"{section}: env type '{env_type}': close() raised "
+                       f"{type(e).__name__}: {_first_line(e)}") from None
     return factory
 
 

@@ -126,7 +126,8 @@ class Actor:
                     terms = {"PPO policy loss (loss/policy)": loss}
                     if cfg.use_kl_loss:
                         kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)
-                        terms["KL loss (actor.use_kl_loss)"] = kl_term = aggregate(kl, mb.loss_mask, cfg.loss_agg_mode, **agg)
+                        terms["KL loss (actor.use_kl_loss)"] = kl_term = aggregate(
+                            kl, mb.loss_mask, cfg.loss_agg_mode, **agg)
                         loss = loss + cfg.kl_loss_coef * kl_term
                         _append(stats, "loss/kl", float(masked_mean(kl.detach(), mb.loss_mask)))
                     if cfg.entropy_coeff:

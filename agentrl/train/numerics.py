@@ -28,7 +28,8 @@ def check_loss(where: str, value: float, terms: dict[str, torch.Tensor], inputs:
     the first non-finite term of `terms` and whether each input tensor is finite on `mask`."""
     if math.isfinite(value):
         return
-    bad = next((name for name, t in terms.items() if not bool(torch.isfinite(t.detach()).all())), "the sum of the terms")
+    bad = next((name for name, t in terms.items() if not bool(torch.isfinite(t.detach()).all())),
+               "sum of the loss terms")
     seen = ", ".join(f"{name} {_state(t, mask)}" for name, t in inputs.items())
     raise TrainingError(f"{where}: the {bad} is {value} (not finite); inputs on generated tokens: {seen}. "
                         "Training stops instead of skipping the update; check the rewards and the learning rate")
