@@ -240,3 +240,25 @@ def test_duplicate_yaml_keys_are_an_error_naming_key_and_file(tmp_path):
     # merge keys may still be overridden one by one
     assert load_config(None, ["env.args={<<: {max_steps: 3, is_slippery: false}, max_steps: 4}"]).env.args == {
         "max_steps": 4, "is_slippery": False}
+
+
+class _NeedsRealTokenizer:
+    """An agent whose constructor uses more of the tokenizer than the pre-model check's stand-in has."""
+
+    def __init__(self, tokenizer, sampling, max_turns, system_prompt=None, scale: float = 1.0):
+        self.vocab = len(tokenizer)  # TypeError on the stand-in: not the arguments' fault
+        self.scale = scale
+
+
+def test_an_agent_the_stand_in_cannot_build_is_left_to_the_real_build(tmp_path, monkeypatch):
+    from agentrl.registry import register_agent
+
+    register_agent("needs_real_tokenizer", _NeedsRealTokenizer, overwrite=True)
+
+    def reached(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(local, "load_policy", reached)
+    cfg = load_config(None, ["agent.type=needs_real_tokenizer", "agent.args.scale=2.0", f"run_dir={tmp_path}"])
+    with pytest.raises(Reached):
+        local.build_trainer(cfg, tmp_path, log=lambda m: None)
