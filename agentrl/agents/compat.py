@@ -39,6 +39,7 @@ from typing import Any
 
 from agentrl.agents.chat import turn_sampling
 from agentrl.envs.base import Env
+from agentrl.envs.contract import is_finite_number
 from agentrl.errors import ConfigError, EnvError
 from agentrl.llm.conversation import Conversation, TokenBudget
 from agentrl.llm.engine import Completion, LLMClient, SamplingParams
@@ -272,6 +273,10 @@ class SeedAgentAdapter:
         info: dict = {}
         if isinstance(result, dict):
             if "rewards" in result:
+                bad = [r for r in result["rewards"] if not is_finite_number(r)]
+                if bad:  # float("1.0") or a NaN would pass silently into the advantages
+                    raise EnvError(f"seed-style agent returned rewards {result['rewards']!r}; expected finite numbers, "
+                                   f"got {bad[0]!r}")
                 rewards = [float(r) for r in result["rewards"]]
                 if len(rewards) != len(record.rewards):
                     raise EnvError(f"seed-style agent returned {len(rewards)} rewards for {len(record.rewards)} turns")
