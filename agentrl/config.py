@@ -16,6 +16,7 @@ from typing import Any, Literal, Optional
 import yaml
 
 from agentrl.config_io import _all_keys, dataclass_docs, from_dict, parse_override, read_yaml, set_path
+from agentrl.config_limits import check_limits
 from agentrl.errors import ConfigError, did_you_mean
 
 
@@ -357,7 +358,8 @@ class TrainerConfig:
     """Checkpoint every N steps (and at the end); 0 = only at the end."""
     max_checkpoints: int = 2
     """Checkpoints kept in the run folder; older ones are deleted."""
-    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    logger: list[Literal["console", "jsonl", "tensorboard"]] = field(
+        default_factory=lambda: ["console", "jsonl", "tensorboard"])
     """Metric sinks: console (progress bar), jsonl, tensorboard."""
     progress: bool = True
     """Show a live progress bar."""
@@ -486,6 +488,7 @@ def all_keys() -> list[str]:
 def validate(cfg: Config) -> None:
     """Reject impossible combinations before any work starts."""
     r, a, t = cfg.rollout, cfg.actor, cfg.trainer
+    check_limits(cfg)  # first: every size below is bounded before anything is built from it
     _positive(r, "rollout", "batch_size", "group_size", "max_new_tokens", "max_num_seqs")
     _positive(a, "actor", "ppo_epochs", "ppo_mini_batch_size", "micro_batch_size")
     _positive(t, "trainer", "total_steps", "eval_episodes", "max_checkpoints")

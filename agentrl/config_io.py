@@ -9,6 +9,7 @@ sections `dict[str, Section]`), and an unknown key fails with the closest valid 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -25,7 +26,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p} is not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r}); "
+                          "give a YAML config file") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from None
+    try:
+        data = load_yaml(text, str(p))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -38,6 +46,40 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that rejects a key given twice in one mapping (plain YAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' may be overridden key by key
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not key_node.start_mark:
+                raise DuplicateKeyError(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names the same key twice."""
+
+    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark) -> None:
+        super().__init__(f"key {key!r} is given twice (lines {first.line + 1} and {again.line + 1})")
+        self.key, self.first, self.again = key, first, again
+
+
+def load_yaml(text: str, source: str = "<string>") -> Any:
+    """yaml.safe_load, except that a key given twice in one mapping is an error."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{source}: {e}; give each key once") from None
+
+
 def parse_override(item: str) -> tuple[str, Any]:
     """Split 'a.b=value' and parse the value as YAML (so 3 is int, true is bool, [1,2] a list)."""
     key, sep, raw = item.partition("=")
@@ -45,7 +87,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ConfigError(f"override '{item}' must look like key=value, e.g. trainer.total_steps=20")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw, f"override '{item}'") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -170,14 +212,22 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
             return value
         raise ConfigError(f"{name}={value!r} must be an integer")
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads '1e-3' (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
+            except OverflowError:  # an int beyond the float range
+                number = math.inf
+        elif isinstance(value, str):  # YAML 1.1 reads '1e-3' (no dot) as a string
+            try:
+                number = float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{name}={value!r} must be a number")
+        if number is None:
+            raise ConfigError(f"{name}={value!r} must be a number")
+        if not math.isfinite(number):  # nan/inf (or 1e400) would turn weights or losses into NaN
+            raise ConfigError(f"{name}={value!r} must be a finite number")
+        return number
     if tp is str:
         if isinstance(value, str):
             return value

@@ -41,3 +41,7 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """Return ' Did you mean 'x'?' for the closest choice, or '' when none is close."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f" Did you mean '{close[0]}'?" if close else ""
+
+
+class TrainingError(AgentRLError):
+    """An update produced a non-finite loss or gradient; the message names the term and its inputs."""

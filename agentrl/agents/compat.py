@@ -57,6 +57,7 @@ from agentrl.agents.seed_api import (Agent, BundledGenerationOutputs, Generation
                                      is_seed_agent)
 from agentrl.agents.seed_data import SeedRow
 from agentrl.envs.base import Env
+from agentrl.envs.contract import is_finite_number
 from agentrl.errors import ConfigError, EnvError
 from agentrl.llm.conversation import Conversation, TokenBudget
 from agentrl.llm.engine import Completion, LLMClient, SamplingParams
@@ -118,6 +119,8 @@ class _EnvView:
 
 class SeedAgentAdapter:
     """Our agent contract around a seed-style agent: queues in, a token-exact Trajectory out."""
+
+    per_answer_rewards = True  # its env's step returns one reward per answer (the collector checks that)
 
     def __init__(self, agent: Any, tokenizer, sampling: SamplingParams, max_turns: int,
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
@@ -242,6 +245,10 @@ class SeedAgentAdapter:
         info: dict = {}
         if isinstance(result, dict):
             if "rewards" in result:
+                bad = [r for r in result["rewards"] if not is_finite_number(r)]
+                if bad:  # float("1.0") or a NaN would pass silently into the advantages
+                    raise EnvError(f"seed-style agent returned rewards {result['rewards']!r}; expected finite numbers, "
+                                   f"got {bad[0]!r}")
                 rewards = [float(r) for r in result["rewards"]]
                 if len(rewards) != len(record.rewards):
                     raise EnvError(f"seed-style agent returned {len(rewards)} rewards for {len(record.rewards)} turns")

@@ -25,13 +25,13 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import math
 import pkgutil
 import random
 from collections.abc import Callable
-from numbers import Real
 from typing import Any, NoReturn
 
+from agentrl.envs.contract import reset_problem, step_problem
+from agentrl.envs.contract import short as _short
 from agentrl.envs.service import close_env
 from agentrl.errors import EnvError
 
@@ -50,12 +50,6 @@ class EnvCheckError(EnvError):
     """An env breaks its contract; the message names the env, the check and the value."""
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    """repr(value) cut to `limit` characters, for messages about huge replies."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(value) if isinstance(value, str) else '?'} chars)"
-
-
 class _Checker:
     """Holds the env factory and the name used in every message."""
 
@@ -69,6 +63,27 @@ class _Checker:
         raise EnvCheckError(f"check_env({self.name}): {check}: {detail}")
 
     # ---------------------------------------------------------------- the calls, guarded
+    def build(self) -> Any:
+        try:
+            return self.make_env()
+        except Exception as e:
+            self.fail("build", f"make_env() raised {type(e).__name__}: {e}")
+
+    def close(self, env: Any, what: str) -> None:
+        try:
+            close_env(env)  # optional: seed-style envs have reset and step only
+        except Exception as e:
+            self.fail("close", f"{what} raised {type(e).__name__}: {e}")
+
+    def sample(self, env: Any, rng: random.Random) -> str:
+        try:
+            action = env.sample_action(rng)
+        except Exception as e:
+            self.fail("sample_action", f"raised {type(e).__name__}: {e}")
+        if not isinstance(action, str):
+            self.fail("sample_action", f"returned {_short(action)}; expected a str reply")
+        return action
+
     async def reset(self, env: Any, seed: int | None) -> tuple[str, dict]:
         try:
             result = await env.reset(seed=seed)
@@ -87,44 +102,14 @@ class _Checker:
 
     # ---------------------------------------------------------------- return values
     def check_reset(self, result: Any, seed: int | None) -> None:
-        call = f"reset(seed={seed})"
-        if not (isinstance(result, tuple) and len(result) == 2):
-            self.fail("reset result", f"{call} returned {_short(result)}; expected (observation, info)")
-        obs, info = result
-        if not isinstance(obs, str):
-            self.fail("reset result", f"{call} observation is {type(obs).__name__}; expected str")
-        if not isinstance(info, dict):
-            self.fail("reset result", f"{call} info is {type(info).__name__}; expected dict")
-        opt = info.get("optimal_success")
-        if opt is not None and not (_finite(opt) and 0.0 <= opt <= 1.0):
-            self.fail("reset result", f"{call} info['optimal_success']={opt!r}; expected a number in [0, 1]")
+        problem = reset_problem(result)
+        if problem:
+            self.fail(problem[0], f"reset(seed={seed}) {problem[1]}")
 
     def check_step(self, result: Any, action: str, where: str) -> None:
-        call = f"step({_short(action)}) {where}"
-        if not (isinstance(result, tuple) and len(result) == 5):
-            self.fail("step result", f"{call} returned {_short(result)}; expected "
-                      "(observation, reward, terminated, truncated, info)")
-        obs, reward, terminated, truncated, info = result
-        if not isinstance(obs, str):
-            self.fail("step result", f"{call} observation is {type(obs).__name__}; expected str")
-        if not _finite(reward):
-            self.fail("step result", f"{call} reward={reward!r}; expected a finite number")
-        for flag, value in (("terminated", terminated), ("truncated", truncated)):
-            if not isinstance(value, bool):
-                self.fail("step result", f"{call} {flag}={value!r}; expected a bool")
-        if terminated and truncated:
-            self.fail("episode end", f"{call} returned terminated and truncated both True; a step is one or the other")
-        if not isinstance(info, dict):
-            self.fail("step result", f"{call} info is {type(info).__name__}; expected dict")
-        if (terminated or truncated) and not isinstance(info.get("success"), bool):
-            self.fail("episode end", f"{call} ended the episode but info['success']={info.get('success')!r}; "
-                      "expected a bool")
-        metrics = info.get("metrics")
-        if metrics is not None:
-            bad = ({k: v for k, v in metrics.items() if not (isinstance(k, str) and _finite(v))}
-                   if isinstance(metrics, dict) else metrics)
-            if bad or not isinstance(metrics, dict):
-                self.fail("step result", f"{call} info['metrics'] has {_short(bad)}; expected names -> finite numbers")
+        problem = step_problem(result)
+        if problem:
+            self.fail(problem[0], f"step({_short(action)}) {where} {problem[1]}")
 
     # ---------------------------------------------------------------- the checks
     def check_api(self, env: Any) -> None:
@@ -143,9 +128,7 @@ class _Checker:
         transcript: list = [await self.reset(env, seed)]
         rng = random.Random(seed)
         for n in range(1, self.max_episode_steps + 1):
-            action = env.sample_action(rng)
-            if not isinstance(action, str):
-                self.fail("sample_action", f"returned {_short(action)}; expected a str reply")
+            action = self.sample(env, rng)
             result = await self.step(env, action, f"at step {n} of episode seed={seed}")
             transcript.append((action, result))
             if result[2] or result[3]:
@@ -155,8 +138,9 @@ class _Checker:
                   "of sample_action; pass max_episode_steps= if the env relies on the agent's max_turns")
 
     async def step_after_end(self, env: Any, seed: int) -> None:
+        action = self.sample(env, random.Random(0))
         try:
-            result = await env.step(env.sample_action(random.Random(0)))
+            result = await env.step(action)
         except EnvError:
             return  # the documented answer
         except Exception as e:
@@ -179,15 +163,12 @@ class _Checker:
             await self.step(env, reply, f"as the first reply of episode seed={seed}")
 
 
-def _finite(x: Any) -> bool:
-    return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x)
-
-
 async def acheck_env(make_env: Callable[[], Any], seeds: tuple[int, ...] = (0, 1, 2),
                      max_episode_steps: int = 1000) -> dict[str, int]:
     """Async `check_env`; returns counts of what was run, raises EnvCheckError on a failure."""
     checker = _Checker(make_env, max_episode_steps)
-    env, fresh = make_env(), make_env()
+    env = checker.build()
+    fresh = checker.build()
     checker.name = type(env).__name__
     try:
         checker.check_api(env)
@@ -201,15 +182,15 @@ async def acheck_env(make_env: Callable[[], Any], seeds: tuple[int, ...] = (0, 1
             steps += 3 * (len(first) - 1)
         await checker.adversarial(env, seeds[0] if seeds else 0)
     except EnvCheckError:
-        close_env(env)
+        for e in (env, fresh):  # the failed check is the news, not a close() that fails after it
+            try:
+                close_env(e)
+            except Exception:
+                pass
         raise
-    finally:
-        close_env(fresh)
-    try:
-        close_env(env)
-        close_env(env)
-    except Exception as e:
-        checker.fail("close", f"close() twice raised {type(e).__name__}: {e}")
+    checker.close(fresh, "close()")
+    checker.close(env, "close()")
+    checker.close(env, "close() twice")
     return {"episodes": 3 * len(seeds), "steps": steps, "adversarial_replies": len(ADVERSARIAL_REPLIES)}
 
 

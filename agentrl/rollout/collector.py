@@ -23,10 +23,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from agentrl.envs.contract import reset_problem, step_problem
 from agentrl.errors import EngineError
 from agentrl.rollout.trajectory import Task, Trajectory
 
-if TYPE_CHECKING:  # types only: importing the collector must not import envs or agents
+if TYPE_CHECKING:  # types only: the collector imports the env contract's checks, never an env or agent
     from agentrl.agents.base import Agent
     from agentrl.envs.base import Env
     from agentrl.llm.engine import LLMClient
@@ -77,25 +78,37 @@ class EnvFailure(Exception):
 
 
 class _GuardedEnv:
-    """The env as the agent sees it: calls pass through, the env's own exceptions are tagged."""
+    """The env as the agent sees it: calls pass through, the env's own exceptions are tagged,
+    and what reset and step return is checked against the env contract (envs/contract.py), so a
+    reward "1.0", a NaN reward or info["success"]="no" fails the episode as an env error naming
+    the field instead of being coerced. `per_answer`: a seed-style env (one reward per answer)."""
 
-    def __init__(self, env: Any) -> None:
+    def __init__(self, env: Any, per_answer: bool = False) -> None:
         self._env = env
+        self._per_answer = per_answer
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
 
     async def reset(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await self._env.reset(*args, **kwargs)
+            result = await self._env.reset(*args, **kwargs)
         except Exception as e:
             raise EnvFailure(_describe(e, "reset")) from e
+        self._check("reset", reset_problem(result))
+        return result
 
     async def step(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return await self._env.step(*args, **kwargs)
+            result = await self._env.step(*args, **kwargs)
         except Exception as e:
             raise EnvFailure(_describe(e, "step")) from e
+        self._check("step", step_problem(result, strict=False, per_answer=self._per_answer))
+        return result
+
+    def _check(self, method: str, problem: tuple[str, str] | None) -> None:
+        if problem is not None:
+            raise EnvFailure(f"EnvError in {method}: {type(self._env).__name__}.{method}() {problem[1]}")
 
 
 class RolloutCollector:
@@ -156,7 +169,8 @@ class RolloutCollector:
         spec = self.tags[task.tag]
         env = spec.env_factory()
         try:
-            traj = await spec.agent.run_episode(task, _GuardedEnv(env), self.llm)
+            per_answer = bool(getattr(spec.agent, "per_answer_rewards", False))
+            traj = await spec.agent.run_episode(task, _GuardedEnv(env, per_answer), self.llm)
             traj.info["tag"] = task.tag
             return traj
         finally:

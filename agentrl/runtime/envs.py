@@ -23,7 +23,7 @@ from agentrl.agents.compat import SeedAgentAdapter, is_seed_agent
 from agentrl.agents.seed_data import SeedRow, load_rows
 from agentrl.config import Config
 from agentrl.envs.service import close_env
-from agentrl.errors import ConfigError, RegistryError
+from agentrl.errors import AgentRLError, ConfigError, EnvError, RegistryError
 from agentrl.llm.conversation import TokenBudget, check_chat_template
 from agentrl.llm.engine import SamplingParams
 from agentrl.registry import AGENTS, ENVS
@@ -81,8 +81,26 @@ def _env_factory(env_type: str, env_args: dict, section: str) -> Callable[[], An
     def factory():
         return cls(**args)
 
-    close_env(factory())  # bad argument values fail now, not inside the first episode
+    # Bad argument values fail now, not inside the first episode; so does a close() that raises.
+    try:
+        env = factory()
+    except ConfigError as e:  # the env's own argument checks name the argument
+        raise ConfigError(e if str(e).startswith(section) else f"{section}.args: {e}") from None
+    except AgentRLError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"{section}: env type '{env_type}' could not be built with args {args}: "
+                          f"{type(e).__name__}: {_first_line(e)}") from None
+    try:
+        close_env(env)  # optional: seed-style envs have reset and step only
+    except Exception as e:
+        raise EnvError(f"{section}: env type '{env_type}': close() raised "
+                       f"{type(e).__name__}: {_first_line(e)}") from None
     return factory
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
 
 
 def make_sampling(cfg: Config, tokenizer) -> SamplingParams:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import os
 import random
@@ -23,13 +24,13 @@ import agentrl.envs.sokoban  # noqa: F401
 from agentrl.algos.policy_losses import check_loss_mode
 from agentrl.config import Config, save_config, to_dict
 from agentrl.envs.service import close_env
-from agentrl.errors import ConfigError, RegistryError, RolloutError
+from agentrl.errors import ConfigError, RolloutError
 from agentrl.llm.local import LocalEngine
 from agentrl.models.loading import DTYPES, load_pretrained, save_pretrained
-from agentrl.registry import ESTIMATORS
+from agentrl.registry import AGENTS, ENVS, Registry
 from agentrl.rollout.collector import RolloutCollector, make_tasks
-from agentrl.runtime.envs import (agent_texts, check_agents, check_templates, import_user_modules, is_seed_tag,
-                                  make_budget, make_env_factories, make_tag_specs)
+from agentrl.runtime.envs import agent_texts, check_templates, is_seed_tag, make_budget, make_tag_specs
+from agentrl.runtime.preflight import preflight
 from agentrl.runtime.seeds import check_tokenizer, demo_factories, fingerprint, seed_texts, tokenizer_folder
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
@@ -55,14 +56,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def check_estimator(cfg: Config) -> None:
-    """algorithm.adv_estimator must name a registered estimator."""
-    try:
-        ESTIMATORS.get(cfg.algorithm.adv_estimator)
-    except RegistryError as e:
-        raise ConfigError(f"algorithm.adv_estimator: {e}") from None
-
-
 def model_context(model: Any) -> int:
     """The longest sequence the model takes."""
     return int(getattr(model.config, "max_position_embeddings", 4096))
@@ -76,16 +69,37 @@ def cache_root(cfg: Config) -> Path:
 
 
 def tiny_cache_key(cfg: Config, tokenizer: Any = None) -> str:
-    """Hash of everything the warm-started tiny model depends on (a user-given tokenizer too)."""
+    """Hash of everything the warm-started tiny model depends on (a user-given tokenizer too).
+
+    Env and agent args are hashed with their constructors' defaults filled in: a config that
+    spells out a default (configs/frozen_lake.yaml) shares the warm start of one that leaves it out.
+    """
     tags = list(cfg.env_definitions())
+    envs = {t: {**to_dict(cfg.env_definitions()[t]), "agent": None} for t in tags}
+    agents = {t: to_dict(cfg.agent_for(t)) for t in tags}
+    for t in tags:
+        envs[t]["args"] = effective_args(ENVS, envs[t]["type"], envs[t]["args"])
+        agents[t]["args"] = effective_args(AGENTS, agents[t]["type"], agents[t]["args"])
     parts = {"v": WARM_START_VERSION, "tiny": to_dict(cfg.model.tiny), "warm": to_dict(cfg.model.warm_start),
-             "envs": {t: to_dict(cfg.env_definitions()[t]) for t in tags},
-             "agents": {t: to_dict(cfg.agent_for(t)) for t in tags}, "plan": cfg.group_tags("train"),
+             "envs": envs, "agents": agents, "plan": cfg.group_tags("train"),
              "imports": cfg.imports, "seed": cfg.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
              "budget": [cfg.rollout.max_episode_tokens, cfg.rollout.max_model_len]}
     if tokenizer is not None:
         parts["tokenizer"] = fingerprint(tokenizer)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def effective_args(registry: Registry, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """`args` with the defaults of the registered class's constructor filled in (JSON-safe
+    defaults only; an unknown name keeps `args` as given)."""
+    if name not in registry:
+        return dict(args)
+    out = {}
+    for key, p in inspect.signature(registry.get(name)).parameters.items():
+        plain = isinstance(p.default, (str, int, float, bool, type(None)))
+        if p.default is not p.empty and plain and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            out[key] = p.default
+    return {**out, **args}
 
 
 def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None],
@@ -166,11 +180,8 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     (with `tokenizer` instead of the model's own when given)."""
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
-    check_estimator(cfg)
-    import_user_modules(cfg)
+    factories = preflight(cfg)  # every model-free check, before the model is built or warm-started
     check_loss_mode(cfg.actor.policy_loss.loss_mode)  # after `imports`, which may register modes
-    factories = make_env_factories(cfg)
-    check_agents(cfg)
     model, tokenizer = load_policy(cfg, factories, log, tokenizer)
     check_templates(cfg, tokenizer)
     budget = make_budget(cfg, model_context(model))

@@ -10,6 +10,7 @@ from agentrl.algos.losses import aggregate, behaviour_weights, kl_penalty, maske
 from agentrl.algos.policy_losses import policy_loss
 from agentrl.config import ActorConfig
 from agentrl.train.batch import Batch
+from agentrl.train.numerics import check_grad_norm, check_loss
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -124,14 +125,24 @@ class Actor:
                                            mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
                                            cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w,
                                            config=cfg.policy_loss, **agg)
+                    terms = {f"{cfg.policy_loss.loss_mode} policy loss (loss/policy)": loss}
                     if cfg.use_kl_loss:
                         kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)
-                        loss = loss + cfg.kl_loss_coef * aggregate(kl, mb.loss_mask, cfg.loss_agg_mode, **agg)
+                        terms["KL loss (actor.use_kl_loss)"] = kl_term = aggregate(
+                            kl, mb.loss_mask, cfg.loss_agg_mode, **agg)
+                        loss = loss + cfg.kl_loss_coef * kl_term
                         _append(stats, "loss/kl", float(masked_mean(kl.detach(), mb.loss_mask)))
                     if cfg.entropy_coeff:
-                        loss = loss - cfg.entropy_coeff * aggregate(entropy, mb.loss_mask, cfg.loss_agg_mode, **agg)
+                        terms["entropy bonus (actor.entropy_coeff)"] = ent_term = aggregate(
+                            entropy, mb.loss_mask, cfg.loss_agg_mode, **agg)
+                        loss = loss - cfg.entropy_coeff * ent_term
+                    value = float(loss.detach())
+                    check_loss("policy update", value, terms, {
+                        "advantages": mb.advantages, "behaviour logprobs": mb.old_logprobs,
+                        "current logprobs": logp.detach(), "reference logprobs": mb.ref_logprobs,
+                        "importance weights": w}, mb.loss_mask)
                     loss.backward()
-                    mini_loss += float(loss.detach())
+                    mini_loss += value
                     _append(stats, "policy/pg_clipfrac", float(pg["pg_clipfrac"]))
                     _append(stats, "policy/pg_clipfrac_lower", float(pg["pg_clipfrac_lower"]))
                     _append(stats, "policy/ppo_kl", float(pg["ppo_kl"]))
@@ -159,10 +170,8 @@ class Actor:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        if math.isfinite(norm):
-            self.optimizer.step()
-        else:  # a non-finite gradient would poison the weights: skip this step
-            self.optimizer.zero_grad(set_to_none=True)
+        check_grad_norm("policy update", norm)  # a non-finite gradient would poison the weights
+        self.optimizer.step()
         return norm
 
 

@@ -17,6 +17,7 @@ import torch
 from agentrl.algos.losses import explained_variance, masked_mean, value_loss
 from agentrl.config import CriticConfig
 from agentrl.train.batch import Batch
+from agentrl.train.numerics import check_grad_norm, check_loss
 
 
 class ValueModel(torch.nn.Module):
@@ -81,14 +82,18 @@ class Critic:
                     v = self.model(mb.input_ids, mb.attention_mask)
                     loss, vs = value_loss(v, mb.values, mb.returns, mb.loss_mask, cfg.cliprange_value,
                                           cfg.loss_agg_mode, n_tokens, n_seqs, self.horizon)
+                    value = float(loss.detach())
+                    check_loss("critic update", value, {"value loss (loss/value)": loss},
+                               {"returns": mb.returns, "old values": mb.values, "current values": v.detach()},
+                               mb.loss_mask)
                     loss.backward()
-                    stats.setdefault("loss/value", []).append(float(loss.detach()))
+                    stats.setdefault("loss/value", []).append(value)
                     stats.setdefault("policy/vf_clipfrac", []).append(float(vs["vf_clipfrac"]))
                     stats.setdefault("policy/vpred_mean", []).append(float(masked_mean(v.detach(), mb.loss_mask)))
                 params = [p for p in self.model.parameters() if p.grad is not None]
                 norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
-                if math.isfinite(norm):
-                    self.optimizer.step()
+                check_grad_norm("critic update", norm)
+                self.optimizer.step()
                 stats.setdefault("policy/critic_grad_norm", []).append(norm)
         out = {k: sum(v) / len(v) for k, v in stats.items()}
         # loss/value is summed over micro-batches within a mini-batch: report per mini-batch.

@@ -114,6 +114,7 @@ class Trainer:
         with self.timer.scope("collect"):
             result, filter_stats = self.collect()
         metrics.update(filter_stats)
+        self._check_generated(result.trajectories, f"step {self.step_idx}")
         if result.trajectories:
             with self.timer.scope("pack"):
                 batch = pack(result.trajectories, self.tokenizer.pad_token_id)
@@ -175,11 +176,7 @@ class Trainer:
             if len(kept) >= n_groups:
                 break
         self._record_errors(total.errors)
-        if total.failed_episodes > r.max_failed_fraction * total.episodes:
-            raise RolloutError(
-                f"step {self.step_idx}: {total.failed_episodes} of {total.episodes} episodes failed every "
-                f"attempt (more than rollout.max_failed_fraction={r.max_failed_fraction}); first error: "
-                f"{total.errors[0]}; all errors are in {self.run_dir / ERRORS_NAME}")
+        self._check_failures(total, f"step {self.step_idx}")
         kept = kept[:n_groups]
         n_before_std = len(kept)
         if r.rollout_filter_ratio < 1.0 and kept:
@@ -277,6 +274,8 @@ class Trainer:
         # With a stream the engine belongs to its thread: evaluation runs there too.
         result = self.collector.collect(tasks) if self.stream is None else self.stream.run(self.collector.acollect(tasks))
         trajs = result.trajectories
+        self._record_errors(result.errors)  # training goes on; step 1 stops a run whose env always fails
+        self._check_generated(trajs, "evaluation" if self.step_idx == 0 else f"evaluation at step {self.step_idx}")
         overall = episode_stats(trajs)
         out = {f"eval/{k}": overall[k] for k in ("success", "return", "turns", "optimal_success") if k in overall}
         out["eval/errors"] = float(len(result.errors))
@@ -297,6 +296,28 @@ class Trainer:
         """Drop the prefixes and counters an evaluation left in an idle engine."""
         if self.engine.reset_prefix_cache():
             self.engine.stats.pop()
+
+    def _check_failures(self, result: CollectResult, what: str) -> None:
+        """Stop when more than rollout.max_failed_fraction of the episodes failed every attempt."""
+        fraction = self.cfg.rollout.max_failed_fraction
+        if result.failed_episodes > fraction * result.episodes:
+            raise RolloutError(
+                f"{what}: {result.failed_episodes} of {result.episodes} episodes failed every "
+                f"attempt (more than rollout.max_failed_fraction={fraction}); first error: "
+                f"{result.errors[0]}; all errors are in {self.run_dir / ERRORS_NAME}")
+
+    def _check_generated(self, trajs: list[Trajectory], what: str) -> None:
+        """Episodes that all ended before the policy generated a token train nothing: a run of
+        them would exit 0 having learned nothing, so it stops here with the reason."""
+        if not trajs or any(t.num_generated for t in trajs):
+            return
+        reasons = ", ".join(sorted({str(t.info.get("truncation_reason")) for t in trajs}))
+        r = self.cfg.rollout
+        raise RolloutError(
+            f"{what}: none of the {len(trajs)} episodes generated a token (truncation_reason: {reasons}): the "
+            f"first prompt leaves no room for a reply of rollout.max_new_tokens={r.max_new_tokens} within the "
+            f"context (rollout.max_model_len={r.max_model_len}, 0 = the model's); raise rollout.max_model_len or "
+            "shorten the env's first observation")
 
     def _start_stream(self) -> None:
         """Start the background rollout when training may use samples of older policies."""

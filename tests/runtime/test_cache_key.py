@@ -1,0 +1,21 @@
+"""The warm-started tiny model is cached by what it depends on, not by how the config spells it."""
+
+from pathlib import Path
+
+from agentrl.config import load_config
+from agentrl.runtime.local import tiny_cache_key
+
+CONFIGS = Path(__file__).parents[2] / "configs"
+
+
+def test_frozen_lake_yaml_shares_the_default_warm_start():
+    # configs/frozen_lake.yaml says "Every value here equals the dataclass default".
+    assert "equals the dataclass default" in (CONFIGS / "frozen_lake.yaml").read_text()
+    assert tiny_cache_key(load_config(CONFIGS / "frozen_lake.yaml")) == tiny_cache_key(load_config(None))
+
+
+def test_spelling_out_a_default_argument_keeps_the_key_and_changing_it_does_not():
+    default = tiny_cache_key(load_config(None))
+    assert tiny_cache_key(load_config(None, ["env.args.max_steps=8", "env.args.is_slippery=false"])) == default
+    assert tiny_cache_key(load_config(None, ["env.args.max_steps=9"])) != default
+    assert tiny_cache_key(load_config(None, ["agent.type=math_retry", "env.type=math"])) != default
