@@ -34,12 +34,14 @@ def is_flag(x: Any) -> bool:
     return isinstance(x, (bool, np.bool_))
 
 
-def reset_problem(result: Any) -> tuple[str, str] | None:
-    """What is wrong with a `reset` result `(observation: str, info: dict)`, or None."""
+def reset_problem(result: Any, *, per_answer: bool = False) -> tuple[str, str] | None:
+    """What is wrong with a `reset` result `(observation: str, info: dict)`, or None.
+    `per_answer` (seed-style envs) also accepts a None observation: the question then comes from
+    the dataset (seed 001's `MathCodeSingleStepEnv.reset` returns `(None, {})`)."""
     if not (isinstance(result, tuple) and len(result) == 2):
         return "reset result", f"returned {short(result)}; expected (observation, info)"
     obs, info = result
-    if not isinstance(obs, str):
+    if not isinstance(obs, str) and not (per_answer and obs is None):
         return "reset result", f"observation is {type(obs).__name__} ({short(obs)}); expected str"
     if not isinstance(info, dict):
         return "reset result", f"info is {type(info).__name__}; expected dict"

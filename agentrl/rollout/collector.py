@@ -95,7 +95,7 @@ class _GuardedEnv:
             result = await self._env.reset(*args, **kwargs)
         except Exception as e:
             raise EnvFailure(_describe(e, "reset")) from e
-        self._check("reset", reset_problem(result))
+        self._check("reset", reset_problem(result, per_answer=self._per_answer))
         return result
 
     async def step(self, *args: Any, **kwargs: Any) -> Any:
