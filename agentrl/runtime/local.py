@@ -30,6 +30,9 @@ from agentrl.runtime.envs import (agent_texts, check_agents, check_templates, im
                                   make_budget, make_env_factories, make_tag_specs)
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
+from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
+                                        resume_changes, run_step)
+from agentrl.train.checkpoint import remove_partial
 from agentrl.train.trainer import Trainer
 
 WARM_START_VERSION = 6  # bump when the warm-start recipe changes, to invalidate cached models
@@ -88,10 +91,15 @@ def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str]
     if cfg.model.path:
         return load_pretrained(cfg.model.path, cfg.model.dtype)
     path = cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
-    if not (path / "config.json").is_file():
-        log(f"building the embedded tiny model (cached at {path})")
-        model, tokenizer = build_tiny(cfg, factories, log)
-        save_pretrained(model, tokenizer, path)
+    if (path / "config.json").is_file():
+        try:
+            return load_pretrained(path, cfg.model.dtype)
+        except ConfigError as e:  # a damaged cache entry is rebuilt, not blamed on model.path
+            reason = str(e).split("': ", 1)[-1]
+            log(f"warning: the cached tiny model at {path} does not load ({reason}); rebuilding it")
+    log(f"building the embedded tiny model (cached at {path})")
+    model, tokenizer = build_tiny(cfg, factories, log)
+    save_pretrained(model, tokenizer, path)
     return load_pretrained(path, cfg.model.dtype)
 
 
@@ -159,8 +167,10 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     if cfg.critic.enable:
         seed_everything(cfg.seed)
         critic = Critic(ValueModel(model).to(device), cfg.critic, horizon)
-    return Trainer(cfg, actor, engine, collector, tokenizer, run_dir, eval_baselines=eval_baselines(factories),
-                   reference=reference, critic=critic)
+    trainer = Trainer(cfg, actor, engine, collector, tokenizer, run_dir, eval_baselines=eval_baselines(factories),
+                      reference=reference, critic=critic)
+    trainer.log = log
+    return trainer
 
 
 def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:
@@ -174,10 +184,32 @@ def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:
     return out
 
 
-def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run a whole experiment; returns the summary (also written to run_dir/summary.json)."""
-    run_dir = cfg.resolved_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    trainer = build_trainer(cfg, run_dir, log)
-    return trainer.fit(resume=resume)
+def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print,
+          overwrite: bool = False) -> dict[str, Any]:
+    """Run a whole experiment; returns the summary (also written to run_dir/summary.json).
+
+    The run folder is checked before any model is built and locked while the run writes it. A new
+    run refuses a folder that holds another run unless `overwrite` (which clears it first); a
+    resume refuses config changes that alter the run's meaning, and writes config.yaml only once
+    the checkpoint has loaded.
+    """
+    run_dir = check_folder(cfg)
+    with RunLock(run_dir):
+        remove_partial(run_dir / "checkpoints")
+        if resume:
+            changes = resume_changes(cfg, run_dir, run_step(run_dir) or 0)
+            done = finished_summary(cfg, run_dir)
+            if done is not None:  # resuming it again would only append a second final evaluation
+                log(f"run {run_dir} is already finished at step {done['steps']} (trainer.total_steps="
+                    f"{cfg.trainer.total_steps}); nothing to do: raise trainer.total_steps to train further")
+                return done
+        else:
+            prepare_fresh(run_dir, overwrite)
+            save_config(cfg, run_dir / "config.yaml")
+        trainer = build_trainer(cfg, run_dir, log)
+        if resume:
+            trainer._restore()
+            # Only now is the new config proven to fit the run: write it and record what changed.
+            save_config(cfg, run_dir / "config.yaml")
+            record_resume(run_dir, trainer.step_idx, changes)
+        return trainer.fit(resume=resume)
