@@ -28,11 +28,11 @@ from agentrl.registry import ESTIMATORS
 from agentrl.rollout.collector import RolloutCollector, make_tasks
 from agentrl.runtime.envs import (agent_texts, check_agents, check_templates, import_user_modules, is_seed_tag,
                                   make_budget, make_env_factories, make_tag_specs)
-from agentrl.train.actor import Actor, Reference
-from agentrl.train.critic import Critic, ValueModel
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
                                         resume_changes, run_step)
+from agentrl.train.actor import Actor, Reference
 from agentrl.train.checkpoint import remove_partial
+from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.trainer import Trainer
 
 WARM_START_VERSION = 6  # bump when the warm-start recipe changes, to invalidate cached models

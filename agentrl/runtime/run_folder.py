@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import Config, to_dict
-from agentrl.config_io import read_yaml
+from agentrl.config import Config, load_config, to_dict
 from agentrl.errors import AgentRLError, CheckpointError, ConfigError
 from agentrl.train.checkpoint import list_checkpoints, read_checkpoint, remove_partial, step_of
 
@@ -128,12 +127,9 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def resume_changes(cfg: Config, run_dir: Path, step: int) -> dict[str, list[Any]]:
     """{field: [old, new]} of the resumable fields `cfg` changes; refuses any other change."""
-    from agentrl.config import load_config
-
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         return {}
-    read_yaml(saved)  # one-line error for a damaged file
     old = _flat(to_dict(load_config(saved, [f"run_dir={cfg.run_dir}"] if cfg.run_dir else [])))
     new = _flat(to_dict(cfg))
     changes = {k: [old.get(k), new.get(k)] for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
