@@ -21,6 +21,7 @@ import copy
 import json
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -144,13 +145,15 @@ class AgentTrainer:
         self.resume = resume
         self.log = log
         self.trainer = None
+        self._run = ExitStack()
 
     def init_workers(self) -> None:
         """Build every part: envs, agents, model (warm-started when it is the embedded default),
         engine, actor, critic and trainer; writes the run folder's config.yaml."""
-        from agentrl.runtime.local import prepare
+        from agentrl.runtime.local import open_run
 
-        self.trainer = prepare(self.config, self.log, self.tokenizer)
+        self._run = ExitStack()  # holds the run folder's lock until fit() ends
+        self.trainer = self._run.enter_context(open_run(self.config, self.resume, self.log, self.tokenizer))
 
     def fit(self) -> dict[str, Any]:
         """Train to `trainer.total_steps` (building the parts first if `init_workers` was not
@@ -158,4 +161,5 @@ class AgentTrainer:
         if self.trainer is None:
             self.init_workers()
         trainer, self.trainer = self.trainer, None  # a fitted trainer is spent; fit() again rebuilds
-        return trainer.fit(resume=self.resume)
+        with self._run:
+            return trainer if isinstance(trainer, dict) else trainer.fit(resume=self.resume)

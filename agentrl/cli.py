@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 from agentrl.errors import AgentRLError
@@ -36,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--config-path", help="folder of YAML configs (Hydra style)")
     t.add_argument("--config-name", help="config file name in --config-path, without .yaml")
     t.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
+    t.add_argument("--overwrite", action="store_true",
+                   help="start over in a run folder that holds a run (deletes its checkpoints and metrics)")
     r = sub.add_parser("resume", help="continue a run from its latest checkpoint")
     r.add_argument("run_dir")
     r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=100")
@@ -71,11 +75,16 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if "resume=true" in overrides:  # also accepted as an override, as in the seeds' launchers
         overrides.remove("resume=true")
         resume = True
+    overwrite = ns.overwrite
+    if "overwrite=true" in overrides:
+        overrides.remove("overwrite=true")
+        overwrite = True
     cfg = load_config(path, overrides)
     from agentrl.metrics import summary_table
     from agentrl.runtime.local import train
 
-    summary = train(cfg, resume=resume, log=lambda m: print(m, file=sys.stderr))
+    _RUN_DIR[:] = [cfg.resolved_run_dir()]
+    summary = train(cfg, resume=resume, overwrite=overwrite, log=lambda m: print(m, file=sys.stderr))
     print(summary_table(summary))
     print(f"run folder: {cfg.resolved_run_dir()}")
     return 0
@@ -91,6 +100,7 @@ def cmd_resume(ns: argparse.Namespace) -> int:
     if not (run_dir / "config.yaml").is_file():
         raise AgentRLError(f"{run_dir} is not a run folder (no config.yaml); give the folder a run wrote")
     cfg = load_config(run_dir / "config.yaml", [*ns.overrides, f"run_dir={run_dir}"])
+    _RUN_DIR[:] = [run_dir]
     summary = train(cfg, resume=True, log=lambda m: print(m, file=sys.stderr))
     print(summary_table(summary))
     print(f"run folder: {run_dir}")
@@ -98,34 +108,58 @@ def cmd_resume(ns: argparse.Namespace) -> int:
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    """`agentrl eval RUN_DIR`."""
+    """`agentrl eval RUN_DIR`: the newest checkpoint that loads (a corrupt newer one is skipped)."""
     from agentrl.config import load_config
     from agentrl.metrics import summary_table
     from agentrl.runtime.local import build_trainer
-    from agentrl.train.checkpoint import latest_checkpoint
+    from agentrl.train.checkpoint import newest_readable
 
     run_dir = Path(ns.run_dir)
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
-    if ckpt is None:
+    if not (run_dir / "config.yaml").is_file():
+        raise AgentRLError(f"{run_dir} is not a run folder (no config.yaml); give the folder a run wrote")
+    found = newest_readable(run_dir / "checkpoints", warn=lambda m: print(m, file=sys.stderr))
+    if found is None:
         raise AgentRLError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
+    ckpt, (_, _, state) = found
     cfg = load_config(run_dir / "config.yaml", [*ns.overrides, f"model.path={ckpt}"])
     trainer = build_trainer(cfg, run_dir, log=lambda m: print(m, file=sys.stderr))
+    trainer.step_idx = int(state["step"])  # samples.jsonl rows carry the checkpoint's step
     metrics = trainer.evaluate()
     print(summary_table({"checkpoint": ckpt.name, **metrics}))
     return 0
 
 
+_RUN_DIR: list[Path] = []  # the run folder of the running command, for the interrupt message
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    # SIGTERM stops the run the way Ctrl-C does: stages unwind, files close, the message says how to resume.
+    raise _Terminated()
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered as an interrupt."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `agentrl` console script."""
     ns = _parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         return {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval}[ns.command](ns)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("agentrl: interrupted; resume with --resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        how = f"; resume with `agentrl resume {_RUN_DIR[0]}`" if _RUN_DIR and ns.command != "eval" else ""
+        what = "terminated (SIGTERM)" if isinstance(e, _Terminated) else "interrupted"
+        print(f"agentrl: {what}{how}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+        _RUN_DIR.clear()
 
 
 if __name__ == "__main__":

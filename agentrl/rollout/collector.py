@@ -11,20 +11,27 @@ timeout (`timeout` seconds per attempt) ends that attempt with its reason record
 is retried with a fresh env (same env seed, so it stays in its group; a new sampling seed, so
 the retry is a new sample) up to `max_retries` times. When the retries run out the whole group
 is dropped: a partial group would bias the group baseline. A timeout can only interrupt an
-episode at an `await`: an env that blocks the thread in synchronous code cannot be timed out,
-which is why env work that may take long belongs off the event loop (see envs/base.py).
+episode at an `await`: env work that may take long belongs off the event loop (see envs/base.py).
+
+`collect` runs the event loop in a thread of its own and watches it from the calling thread,
+which so stays responsive to Ctrl-C and SIGTERM whatever the episodes do: with a timeout, a loop
+that stops running (env code blocking it) for longer than the timeout is a RolloutError; without
+one, a collection still running after HANG_WARN_SECONDS gets a warning.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agentrl.envs.contract import reset_problem, step_problem
-from agentrl.errors import EngineError
+from agentrl.errors import EngineError, RolloutError
 from agentrl.rollout.trajectory import Task, Trajectory
 
 if TYPE_CHECKING:  # types only: the collector imports the env contract's checks, never an env or agent
@@ -33,6 +40,13 @@ if TYPE_CHECKING:  # types only: the collector imports the env contract's checks
     from agentrl.llm.engine import LLMClient
 
 FAILURE_KINDS = ("env", "agent", "engine", "timeout")
+WATCH_SECONDS = 1.0  # how often the calling thread checks on the episodes' event loop
+HANG_WARN_SECONDS = 600.0  # without an episode timeout, warn once when a collection runs this long
+
+
+def warn_hang(message: str) -> None:
+    """Tell the user a collection may hang (stderr, where the CLI writes its log)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -131,7 +145,58 @@ class RolloutCollector:
 
     def collect(self, tasks: list[Task]) -> CollectResult:
         """Run every task to the end (blocking); keep only groups whose episodes all finished."""
-        return asyncio.run(self.acollect(tasks))
+        live: dict[str, Any] = {"loop": None, "task": None, "beat": time.monotonic()}
+        done, box = threading.Event(), {}
+
+        async def main() -> CollectResult:
+            live["loop"], live["task"] = asyncio.get_running_loop(), asyncio.current_task()
+            return await self.acollect(tasks)
+
+        def run() -> None:
+            try:
+                box["result"] = asyncio.run(main())
+            except BaseException as e:  # handed to the calling thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        # A daemon thread: an env blocked for good must not keep the process alive after an interrupt.
+        threading.Thread(target=run, name="agentrl-collect", daemon=True).start()
+        try:
+            self._watch(done, live, len(tasks))
+        except BaseException:
+            loop, task = live["loop"], live["task"]
+            if loop is not None and task is not None and not done.is_set():
+                try:
+                    loop.call_soon_threadsafe(task.cancel)  # episodes that can still stop, stop
+                except RuntimeError:  # the loop closed meanwhile
+                    pass
+            raise
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    def _watch(self, done: threading.Event, live: dict[str, Any], n: int) -> None:
+        """Wait for the collection; raise when its loop is blocked past the timeout, warn on a long one."""
+        start, warned = time.monotonic(), False
+        while not done.wait(WATCH_SECONDS):
+            now = time.monotonic()
+            loop = live["loop"]
+            if self.timeout is not None and loop is not None:
+                blocked = now - live["beat"]
+                if blocked > self.timeout + 2 * WATCH_SECONDS:
+                    raise RolloutError(
+                        f"the episodes' event loop has not run for {blocked:.0f} s, longer than "
+                        f"rollout.episode_timeout={self.timeout}s: env or agent code blocks it (synchronous "
+                        "work inside an async reset/step); run such work with `await asyncio.to_thread(...)`")
+                try:  # the loop stamps the time when it gets to run this
+                    loop.call_soon_threadsafe(lambda: live.__setitem__("beat", time.monotonic()))
+                except RuntimeError:  # the loop closed meanwhile: done is about to be set
+                    pass
+            elif self.timeout is None and not warned and now - start > HANG_WARN_SECONDS:
+                warned = True
+                warn_hang(f"{n} episodes have been collecting for {now - start:.0f} s; if an env or agent "
+                          "hangs, set rollout.episode_timeout to end such episodes")
 
     async def acollect(self, tasks: list[Task]) -> CollectResult:
         """Async form of `collect`."""

@@ -49,6 +49,9 @@ def import_user_modules(cfg: Config) -> None:
                         raise
             else:
                 importlib.import_module(name)
+        except SystemExit as e:  # a module that exits would end the run with nothing said
+            raise ConfigError(f"imports: module {name!r} called sys.exit({e.code!r}) while being imported; "
+                              "a module listed in imports must only define and register things") from None
         except Exception as e:
             first = (str(e).strip().splitlines() or [""])[0]
             raise ConfigError(f"imports: could not import {name!r}: {type(e).__name__}: {first}") from None

@@ -8,7 +8,8 @@ import inspect
 import json
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,11 @@ from agentrl.registry import AGENTS, ENVS, Registry
 from agentrl.rollout.collector import RolloutCollector, make_tasks
 from agentrl.runtime.envs import agent_texts, check_templates, is_seed_tag, make_budget, make_tag_specs
 from agentrl.runtime.preflight import preflight
+from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
+                                        resume_changes, run_step)
 from agentrl.runtime.seeds import check_tokenizer, demo_factories, fingerprint, seed_texts, tokenizer_folder
 from agentrl.train.actor import Actor, Reference
+from agentrl.train.checkpoint import remove_partial
 from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.trainer import Trainer
 
@@ -116,11 +120,18 @@ def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str]
     key = tiny_cache_key(cfg, tokenizer)
     path = cache_root(cfg) / f"tiny-{key}"
     tokenizer_dir = cache_root(cfg) / f"tiny-{key}.tokenizer"
-    if not (path / "config.json").is_file():
+    model = None
+    if (path / "config.json").is_file():
+        try:
+            model, loaded = load_pretrained(path, cfg.model.dtype)
+        except ConfigError as e:  # a damaged cache entry is rebuilt, not blamed on model.path
+            reason = str(e).split("': ", 1)[-1]
+            log(f"warning: the cached tiny model at {path} does not load ({reason}); rebuilding it")
+    if model is None:
         log(f"building the embedded tiny model (cached at {path})")
         model, built = build_tiny(cfg, factories, log, tokenizer, tokenizer_dir)
         save_pretrained(model, built, path)
-    model, loaded = load_pretrained(path, cfg.model.dtype)
+        model, loaded = load_pretrained(path, cfg.model.dtype)
     if tokenizer is None:  # the model folder's config.json could make AutoTokenizer pick another class
         return model, tokenizer_folder(loaded, tokenizer_dir, keep_own=False)
     return model, tokenizer_folder(check_tokenizer(tokenizer, model), tokenizer_dir)
@@ -203,8 +214,10 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     if cfg.critic.enable:
         seed_everything(cfg.seed)
         critic = Critic(ValueModel(model).to(device), cfg.critic, horizon)
-    return Trainer(cfg, actor, engine, collector, tokenizer, run_dir, eval_baselines=eval_baselines(factories),
-                   reference=reference, critic=critic)
+    trainer = Trainer(cfg, actor, engine, collector, tokenizer, run_dir, eval_baselines=eval_baselines(factories),
+                      reference=reference, critic=critic)
+    trainer.log = log
+    return trainer
 
 
 def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:
@@ -218,15 +231,41 @@ def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:
     return out
 
 
-def prepare(cfg: Config, log: Callable[[str], None] = print, tokenizer: Any = None) -> Trainer:
-    """Make the run folder, write its config.yaml and build every part (`train` without the fit)."""
-    run_dir = cfg.resolved_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run_dir / "config.yaml")
-    return build_trainer(cfg, run_dir, log, tokenizer)
+@contextmanager
+def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Any = None,
+             overwrite: bool = False) -> Iterator[Trainer | dict[str, Any]]:
+    """The run folder, checked and locked while the run writes it, and every part built: yields
+    the trainer to fit, or the summary of a run that is already finished (resume).
+
+    The folder is checked before any model is built. A new run refuses a folder that holds
+    another run unless `overwrite` (which clears it first); a resume refuses config changes that
+    alter the run's meaning, and writes config.yaml only once the checkpoint has loaded.
+    """
+    run_dir = check_folder(cfg)
+    with RunLock(run_dir):
+        remove_partial(run_dir / "checkpoints")
+        if resume:
+            changes = resume_changes(cfg, run_dir, run_step(run_dir) or 0)
+            done = finished_summary(cfg, run_dir)
+            if done is not None:  # resuming it again would only append a second final evaluation
+                log(f"run {run_dir} is already finished at step {done['steps']} (trainer.total_steps="
+                    f"{cfg.trainer.total_steps}); nothing to do: raise trainer.total_steps to train further")
+                yield done
+                return
+        else:
+            prepare_fresh(run_dir, overwrite)
+            save_config(cfg, run_dir / "config.yaml")
+        trainer = build_trainer(cfg, run_dir, log, tokenizer)
+        if resume:
+            trainer._restore()
+            # Only now is the new config proven to fit the run: write it and record what changed.
+            save_config(cfg, run_dir / "config.yaml")
+            record_resume(run_dir, trainer.step_idx, changes)
+        yield trainer
 
 
-def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print,
-          tokenizer: Any = None) -> dict[str, Any]:
+def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Any = None,
+          overwrite: bool = False) -> dict[str, Any]:
     """Run a whole experiment; returns the summary (also written to run_dir/summary.json)."""
-    return prepare(cfg, log, tokenizer).fit(resume=resume)
+    with open_run(cfg, resume, log, tokenizer, overwrite) as run:
+        return run if isinstance(run, dict) else run.fit(resume=resume)

@@ -4,6 +4,8 @@ A checkpoint is a folder `checkpoints/step_<N>` holding the model in Hugging Fac
 (safetensors), the tokenizer, `optimizer.pt` and `state.pt` (step, policy version, RNG states,
 anything else the trainer needs to continue). It is written under a temporary name and renamed
 into place, so a process killed mid-write leaves the previous checkpoint as the latest one.
+Checkpoints are ordered by step; a reader takes the newest one whose files all load, so a
+checkpoint damaged after the fact (a truncated file) costs the steps since the one before it.
 """
 
 from __future__ import annotations
@@ -40,37 +42,102 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, optimizer, state: dict[str, Any],
                     keep: int = 2) -> Path:
-    """Write checkpoint `step` atomically and prune all but the newest `keep`."""
+    """Write checkpoint `step` atomically and prune all but the newest `keep` of this run's steps.
+
+    A failed write (disk full) or an interrupt removes the partial folder and leaves every
+    earlier checkpoint as it was; a failed write is a one-line CheckpointError.
+    """
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"{PREFIX}{step:06d}"
     tmp = ckpt_root / f".tmp_{PREFIX}{step:06d}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save({"step": step, **state}, tmp / "state.pt")
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save({"step": step, **state}, tmp / "state.pt")
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            kept = latest_checkpoint(ckpt_root)
+            left = f"the previous checkpoint {kept.name} is intact" if kept else "no earlier checkpoint exists"
+            raise CheckpointError(f"could not write checkpoint step {step} in {ckpt_root}: {e.strerror or e}; "
+                                  f"{left}") from None
+        raise
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    for old in list_checkpoints(ckpt_root)[:-keep]:
+    # Prune by step, never by name across runs: checkpoints past this step belong to a timeline
+    # this run left (resumed from an earlier one), and only this run's newest `keep` stay.
+    older = [p for p in list_checkpoints(ckpt_root) if step_of(p) < step]
+    newer = [p for p in list_checkpoints(ckpt_root) if step_of(p) > step]
+    for old in older[:max(0, len(older) - (keep - 1))] + newer:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def step_of(ckpt: Path) -> int:
+    """The step a checkpoint folder's name says."""
+    return int(ckpt.name[len(PREFIX):])
+
+
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints, oldest step first."""
     if not ckpt_root.is_dir():
         return []
-    return sorted(p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+    found = [p for p in ckpt_root.iterdir()
+             if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
+    return sorted(found, key=step_of)
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
     """The newest complete checkpoint, or None."""
     found = list_checkpoints(ckpt_root)
     return found[-1] if found else None
+
+
+def remove_partial(ckpt_root: Path) -> None:
+    """Delete the `.tmp_step_N` folders of writes that were cut off."""
+    if ckpt_root.is_dir():
+        for p in ckpt_root.glob(f".tmp_{PREFIX}*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def read_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """(weights, optimizer state, state) of a checkpoint; a CheckpointError when any file is unreadable."""
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(str(ckpt / "model.safetensors"))
+        optimizer = torch.load(ckpt / "optimizer.pt", weights_only=False)
+        state = torch.load(ckpt / "state.pt", weights_only=False)
+    except Exception as e:  # truncated or missing files raise many types (SafetensorError, RuntimeError, EOFError)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"checkpoint {ckpt} is unreadable: {type(e).__name__}: {first}") from None
+    return weights, optimizer, state
+
+
+def newest_readable(ckpt_root: Path, warn) -> tuple[Path, tuple] | None:
+    """The newest checkpoint whose files all load, and what `read_checkpoint` read from it.
+
+    Unreadable newer ones are skipped with a one-line warning through `warn`; None when there is
+    no checkpoint; a CheckpointError when there are some and none loads.
+    """
+    found = list_checkpoints(ckpt_root)
+    first_error = None
+    for ckpt in reversed(found):
+        try:
+            return ckpt, read_checkpoint(ckpt)
+        except CheckpointError as e:
+            first_error = first_error or e
+            warn(f"warning: {e}; falling back to an older checkpoint")
+    if first_error is not None:
+        raise CheckpointError(f"no checkpoint in {ckpt_root} loads (newest: {first_error}); "
+                              "start over with `agentrl train ... --overwrite`")
+    return None
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:

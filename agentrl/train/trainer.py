@@ -24,7 +24,7 @@ from agentrl.algos.advantages import compute_advantages
 from agentrl.algos.kl_control import KLController
 from agentrl.algos.losses import kl_penalty, masked_mean
 from agentrl.config import Config
-from agentrl.errors import RolloutError
+from agentrl.errors import CheckpointError, RolloutError
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, RolloutCollector, make_tasks
 from agentrl.rollout.stats import by_tag, episode_stats, tag_metrics, truncation_metrics
@@ -32,8 +32,7 @@ from agentrl.rollout.stream import RolloutStream
 from agentrl.rollout.trajectory import Task, Trajectory
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch, pack
-from agentrl.train.checkpoint import (latest_checkpoint, load_optimizer, load_state, rng_state,
-                                      save_checkpoint, set_rng_state)
+from agentrl.train.checkpoint import newest_readable, rng_state, save_checkpoint, set_rng_state
 
 EVAL_SEED_BASE = 1_000_000  # eval env seeds live above every training seed
 GEN_BATCH_STRIDE = 1_000_003  # extra generation batches of a step draw seeds far from other steps
@@ -67,17 +66,20 @@ class Trainer:
         self._stream_state: dict[str, Any] | None = None  # task-source position of a resumed stream
         self.summary: dict[str, Any] = {}
         self.logger: MetricsLogger | None = None
+        self.log: Callable[[str], None] = print  # warnings for the user (the CLI sends them to stderr)
+        self.restored_from: Path | None = None  # the checkpoint a resume continued from
+        self._restored = False
 
     # ------------------------------------------------------------------ the loop
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train to `total_steps`, evaluating before and after; returns the summary."""
         t0 = time.perf_counter()
-        if resume:
+        if resume and not self._restored:
             self._restore()
         self.logger = MetricsLogger(self.run_dir, loggers=self.cfg.trainer.logger,
                                     total_steps=self.cfg.trainer.total_steps,
                                     show_progress=self.cfg.trainer.progress,
-                                    resume_from_step=self.step_idx if resume else None)
+                                    resume_from_step=self.step_idx if self.restored_from else None)
         try:
             if self.step_idx == 0:
                 before = self.evaluate()
@@ -368,15 +370,19 @@ class Trainer:
                         self.actor.optimizer, state, keep=self.cfg.trainer.max_checkpoints)
 
     def _restore(self) -> None:
-        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
-        if ckpt is None:
+        self._restored = True
+        # The newest checkpoint that loads: a torn or corrupt newer one is skipped with a warning.
+        found = newest_readable(self.run_dir / "checkpoints", self.log)
+        if found is None:
             return
-        from safetensors.torch import load_file
-
-        weights = load_file(str(ckpt / "model.safetensors"))
-        self.actor.model.load_state_dict(weights, strict=False)
-        load_optimizer(ckpt, self.actor.optimizer)
-        state = load_state(ckpt)
+        ckpt, (weights, optimizer_state, state) = found
+        try:
+            self.actor.model.load_state_dict(weights, strict=False)
+            self.actor.optimizer.load_state_dict(optimizer_state)
+        except (RuntimeError, ValueError, KeyError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CheckpointError(f"checkpoint {ckpt} does not fit this run's model: {first}") from None
+        self.restored_from = ckpt
         self.step_idx = int(state["step"])
         self.summary = dict(state.get("summary", {}))
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))

@@ -1,0 +1,363 @@
+"""The run folder under misuse and faults, through the real CLI: another run in the same folder,
+resumes with changed configs, two processes at once, corrupt checkpoints and caches, folders that
+are files or read-only, a full disk, interrupts and signals. Each ends in one line, and leaves the
+folder as a later `resume` or `eval` can use it."""
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.metrics import read_jsonl
+
+from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
+
+ROOT = Path(__file__).parents[2]
+STEPS = 4
+# Runs the real CLI with one fault injected at a chosen point: `torch.save` of the optimizer of
+# checkpoint N raises (`enospc`: a full disk; `sigint`: Ctrl-C), or the actor update of step N
+# sends the process a signal (`SIGTERM` / `SIGINT`), as a user or a scheduler would.
+FAULT = """
+import errno, os, signal, sys, torch
+from agentrl.cli import main
+from agentrl.train.actor import Actor
+where, n = sys.argv[1], int(sys.argv[2])
+update, save, calls = Actor.update, torch.save, [0]
+def faulty_save(obj, f, *a, **k):
+    if str(f).endswith(f".tmp_step_{n:06d}/optimizer.pt"):
+        if where == "enospc":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if where == "sigint":
+            raise KeyboardInterrupt
+    return save(obj, f, *a, **k)
+def signalling_update(self, batch):
+    calls[0] += 1
+    if where.startswith("SIG") and calls[0] == n:
+        os.kill(os.getpid(), getattr(signal, where))
+    return update(self, batch)
+Actor.update, torch.save = signalling_update, faulty_save
+# Env faults in FrozenLake's step, first call only: `block` blocks the event loop's thread in
+# synchronous code, `block_sigint` does so after a Ctrl-C, `async_hang` awaits until the
+# collector has warned that the collection may hang.
+import asyncio, time
+import agentrl.rollout.collector as collector
+from agentrl.envs.frozen_lake import FrozenLakeEnv
+lake_step, warned = FrozenLakeEnv.step, []
+async def faulty_step(self, action):
+    calls[0] += 1
+    if where == "block_sigint" and calls[0] == 1:
+        os.kill(os.getpid(), signal.SIGINT)
+    if where.startswith("block") and calls[0] == 1:
+        time.sleep(3600)
+    if where == "async_hang" and calls[0] == 1:
+        while not warned:
+            await asyncio.sleep(0.01)
+    return await lake_step(self, action)
+def warn_hang(message):
+    warned.append(message)
+    print("warning: " + message, file=sys.stderr)
+if where in ("block", "block_sigint", "async_hang"):
+    FrozenLakeEnv.step = faulty_step
+if where == "async_hang":
+    collector.warn_hang, collector.HANG_WARN_SECONDS = warn_hang, 0.0
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+def _fault(where: str, n: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", FAULT, where, str(n), *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=timeout)
+
+
+def _train_args(run: Path, cache: Path, *more: str) -> list[str]:
+    return ["configs/frozen_lake.yaml", *TINY, f"run_dir={run}", f"model.cache_dir={cache}", *more]
+
+
+def _one_line(res: subprocess.CompletedProcess, code: int = 2) -> str:
+    assert res.returncode == code, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr[-2000:]
+    return lines[0]
+
+
+def _steps(run: Path) -> list[int]:
+    """The steps of the run's checkpoints, in order."""
+    return sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*"))
+
+
+def _loads(ckpt: Path) -> int:
+    """The step of a checkpoint whose weights and state both load."""
+    import torch
+    from safetensors.torch import load_file
+
+    load_file(str(ckpt / "model.safetensors"))
+    return torch.load(ckpt / "state.pt", weights_only=False)["step"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 4-step run (checkpoints at steps 2 and 4) and the model cache every run here shares."""
+    cache = tmp_path_factory.mktemp("model_cache")
+    run = tmp_path_factory.mktemp("finished") / "run"
+    res = _cli("train", *_train_args(run, cache, f"trainer.total_steps={STEPS}", "trainer.save_freq=2"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert _steps(run) == [2, 4]
+    return run, cache
+
+
+@pytest.fixture
+def run_copy(finished, tmp_path):
+    """A copy of the finished run that a test may change."""
+    run, cache = finished
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return dst, cache
+
+
+def _snapshot(run: Path) -> dict[str, bytes]:
+    """Every file of a run folder but its lock, by relative path."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+# ---------------------------------------------------------------------------- 5.1 another run in the folder
+def test_train_into_a_folder_holding_a_run_refuses_and_changes_nothing(run_copy):
+    run, cache = run_copy
+    before = _snapshot(run)
+    line = _one_line(_cli("train", *_train_args(run, cache, "trainer.total_steps=2")))
+    assert f"{run} already holds a run (step 4)" in line and f"agentrl resume {run}" in line and "--overwrite" in line
+    assert _snapshot(run) == before  # metrics, checkpoints, config: all as they were
+
+
+def test_train_with_overwrite_starts_over_and_keeps_its_own_checkpoints(run_copy):
+    run, cache = run_copy
+    res = _cli("train", "--overwrite", *_train_args(run, cache, "trainer.total_steps=2", "trainer.save_freq=1"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert _steps(run) == [1, 2]  # the old run's step 4 is gone, the new ones survive pruning
+    assert max(r["step"] for r in read_jsonl(run / "metrics.jsonl")) == 2
+    res = _cli("eval", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "step_000002" in res.stdout
+
+
+def test_pruning_keeps_the_newest_steps_of_this_run_not_the_newest_names(tmp_path, tiny_model, tiny_tokenizer):
+    import torch
+
+    from agentrl.train.checkpoint import save_checkpoint
+
+    opt = torch.optim.AdamW(tiny_model.parameters())
+    root = tmp_path / "checkpoints"
+    (root / "step_000008").mkdir(parents=True)  # left by an older, longer run
+    (root / "step_1000000").mkdir()  # a name that sorts before step_000008 as a string
+    for step in (2, 4):
+        save_checkpoint(root, step, tiny_model, tiny_tokenizer, opt, {}, keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["step_000002", "step_000004"]
+
+
+# ---------------------------------------------------------------------------- 5.4 resume with overrides
+@pytest.mark.parametrize("override, field", [
+    ("rollout.batch_size=8", "rollout.batch_size"), ("seed=3", "seed"), ("env.type=sokoban", "env.type"),
+    ("model.dtype=bfloat16", "model.dtype"), ("algorithm.adv_estimator=rloo", "algorithm.adv_estimator"),
+    ("rollout.max_staleness=1", "rollout.max_staleness"), ("model.path={run}/checkpoints/step_000002", "model.path")])
+def test_resume_refuses_a_change_of_the_runs_meaning_and_keeps_the_folder(run_copy, override, field):
+    run, _ = run_copy
+    before = _snapshot(run)
+    line = _one_line(_cli("resume", str(run), override.format(run=run), "trainer.total_steps=6"))
+    assert line.startswith("agentrl: error: resume cannot change ") and field in line and "trainer.total_steps" in line
+    assert _snapshot(run) == before  # config.yaml is not rewritten by a refused resume
+
+
+def test_resume_with_a_checkpoint_that_does_not_fit_the_model_is_one_line_and_harmless(run_copy):
+    from safetensors.torch import load_file, save_file
+
+    run, _ = run_copy
+    ckpt = run / "checkpoints" / "step_000004"
+    weights = load_file(str(ckpt / "model.safetensors"))
+    name = next(iter(weights))
+    weights[name] = weights[name][:1].clone().contiguous()  # the weights of a model of another shape
+    save_file(weights, str(ckpt / "model.safetensors"))
+    before = _snapshot(run)
+    line = _one_line(_cli("resume", str(run), "trainer.total_steps=6"))
+    assert f"checkpoint {ckpt} does not fit this run's model" in line
+    assert _snapshot(run) == before
+
+
+def test_resume_with_an_allowed_change_records_it_and_writes_the_config(run_copy):
+    run, _ = run_copy
+    res = _cli("resume", str(run), "trainer.total_steps=5", "trainer.save_freq=0")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "total_steps: 5" in (run / "config.yaml").read_text()
+    (row,) = read_jsonl(run / "resumes.jsonl")
+    assert row["step"] == 4 and row["changes"] == {"trainer.total_steps": [4, 5], "trainer.save_freq": [2, 0]}
+    assert _steps(run)[-1] == 5
+
+
+# ---------------------------------------------------------------------------- 5.5 one process per folder
+@pytest.mark.parametrize("command", ["train", "resume"])
+def test_a_run_folder_in_use_by_another_process_is_refused(tmp_path, finished, command):
+    run = tmp_path / "run"
+    shutil.copytree(finished[0], run)
+    with open(run / ".lock", "w") as held:  # this test process plays the other agentrl run
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(str(os.getpid()))
+        held.flush()
+        args = [str(run)] if command == "resume" else _train_args(run, finished[1], "--overwrite")
+        line = _one_line(_cli(command, *args))
+    assert f"run_dir {run} is in use by another agentrl process (pid {os.getpid()})" in line
+    assert _steps(run) == [2, 4]
+
+
+# ---------------------------------------------------------------------------- 5.6 corrupt files
+@pytest.mark.parametrize("damaged", ["model.safetensors", "state.pt"])
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_older_one(run_copy, damaged):
+    run, _ = run_copy
+    path = run / "checkpoints" / "step_000004" / damaged
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    res = _cli("eval", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "step_000002" in res.stdout and "warning: checkpoint" in res.stderr and "step_000004" in res.stderr
+    res = _cli("resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert _steps(run)[-1] == 4 and _loads(run / "checkpoints" / "step_000004") == 4
+
+
+def test_no_loadable_checkpoint_is_one_line(run_copy):
+    run, _ = run_copy
+    for ckpt in (run / "checkpoints").glob("step_*"):
+        (ckpt / "state.pt").write_bytes(b"garbage")
+    for command in ("eval", "resume"):
+        res = _cli(command, str(run))
+        assert res.returncode == 2, res.stderr[-2000:]
+        last = res.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"agentrl: error: no checkpoint in {run / 'checkpoints'} loads")
+        assert "Traceback" not in res.stderr
+
+
+def test_a_cached_model_with_missing_weights_is_rebuilt(finished, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(finished[1], cache)
+    for weights in cache.glob("tiny-*/model.safetensors"):
+        weights.unlink()
+    res = _cli("train", *_train_args(tmp_path / "run", cache, "trainer.total_steps=1"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "does not load" in res.stderr and "rebuilding it" in res.stderr and "model.path" not in res.stderr
+
+
+# ---------------------------------------------------------------------------- 5.8 folder faults
+def test_a_run_dir_or_output_dir_that_is_a_file_is_one_line_before_any_model(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    cache = tmp_path / "cache"
+    for setting in (f"run_dir={a_file}", f"output_dir={a_file}", f"run_dir={a_file / 'run'}"):
+        line = _one_line(_cli("train", "configs/frozen_lake.yaml", *TINY, setting, f"model.cache_dir={cache}"))
+        assert "is a file, not a folder" in line and setting.split("=")[0] in line
+    assert not cache.exists()  # nothing was built
+
+
+def test_a_read_only_run_dir_is_one_line_before_any_model(tmp_path):
+    if os.geteuid() == 0:  # root writes anywhere a mode bit forbids: use a folder the kernel keeps read-only
+        run = Path("/proc/self")
+    else:
+        run = tmp_path / "ro"
+        run.mkdir()
+        run.chmod(0o555)
+    cache = tmp_path / "cache"
+    line = _one_line(_cli("train", "configs/frozen_lake.yaml", *TINY, f"run_dir={run}", f"model.cache_dir={cache}"))
+    assert f"run_dir={run}" in line and "not writable" in line
+    assert not cache.exists()
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_previous_one(tmp_path, finished):
+    run = tmp_path / "run"
+    line = _one_line(_fault("enospc", 2, "train", *_train_args(run, finished[1])))
+    assert "could not write checkpoint step 2" in line and os.strerror(errno.ENOSPC) in line
+    assert "step_000001 is intact" in line
+    assert _steps(run) == [1] and not list((run / "checkpoints").glob(".tmp_*"))
+    assert _loads(run / "checkpoints" / "step_000001") == 1
+
+
+# ---------------------------------------------------------------------------- 5.12
+def test_resuming_a_finished_run_changes_nothing(run_copy):
+    run, _ = run_copy
+    before = _snapshot(run)
+    res = _cli("resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"run {run} is already finished at step 4" in res.stderr
+    assert _snapshot(run) == before  # no second final-eval row, wall_seconds kept
+
+
+def test_eval_tags_its_samples_with_the_checkpoints_step(run_copy):
+    run, _ = run_copy
+    n = len(read_jsonl(run / "samples.jsonl"))
+    res = _cli("eval", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    new = read_jsonl(run / "samples.jsonl")[n:]
+    assert new and {r["step"] for r in new} == {4}
+
+
+def test_ctrl_c_during_a_checkpoint_write_leaves_no_partial_folder(tmp_path, finished):
+    run = tmp_path / "run"
+    line = _one_line(_fault("sigint", 2, "train", *_train_args(run, finished[1])), code=128 + signal.SIGINT)
+    assert line == f"agentrl: interrupted; resume with `agentrl resume {run}`"
+    assert _steps(run) == [1] and not list((run / "checkpoints").glob(".tmp_*"))
+
+
+def test_a_partial_checkpoint_left_by_a_kill_is_cleared_at_the_next_start(run_copy):
+    run, _ = run_copy
+    (run / "checkpoints" / ".tmp_step_000006").mkdir()  # as a SIGKILL mid-write leaves it
+    res = _cli("resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not list((run / "checkpoints").glob(".tmp_*"))
+
+
+def test_a_user_module_that_exits_is_one_line_naming_it(tmp_path, finished):
+    module = tmp_path / "quits.py"
+    module.write_text("import sys\nsys.exit(3)\n")
+    line = _one_line(_cli("train", *_train_args(tmp_path / "run", finished[1], f"imports=[{module}]")))
+    assert f"imports: module '{module}' called sys.exit(3)" in line
+
+
+# ---------------------------------------------------------------------------- 5.7 signals
+@pytest.mark.parametrize("sig, what", [("SIGTERM", "terminated (SIGTERM)"), ("SIGINT", "interrupted")])
+def test_a_signal_stops_the_run_with_one_line_saying_how_to_resume(tmp_path, finished, sig, what):
+    run = tmp_path / "run"
+    res = _fault(sig, 2, "train", *_train_args(run, finished[1]))
+    line = _one_line(res, code=128 + getattr(signal, sig))
+    assert line == f"agentrl: {what}; resume with `agentrl resume {run}`"
+    assert _steps(run) == [1]
+    res = _cli("resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert _steps(run) == [1, 2]
+
+
+# ---------------------------------------------------------------------------- 5.7 hangs
+def test_ctrl_c_stops_a_run_whose_env_blocks_the_event_loop(tmp_path, finished):
+    run = tmp_path / "run"
+    res = _fault("block_sigint", 0, "train", *_train_args(run, finished[1]), timeout=300)
+    line = _one_line(res, code=128 + signal.SIGINT)  # the first Ctrl-C, no traceback
+    assert line == f"agentrl: interrupted; resume with `agentrl resume {run}`"
+
+
+def test_an_env_blocking_the_event_loop_past_the_episode_timeout_is_one_line(tmp_path, finished):
+    res = _fault("block", 0, "train", *_train_args(tmp_path / "run", finished[1], "rollout.episode_timeout=1"),
+                 timeout=300)
+    line = _one_line(res)
+    assert "rollout.episode_timeout=1.0s" in line and "blocks it" in line and "asyncio.to_thread" in line
+
+
+def test_a_collection_that_may_hang_without_a_timeout_is_warned_about(tmp_path, finished):
+    res = _fault("async_hang", 0, "train", *_train_args(tmp_path / "run", finished[1]), timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "set rollout.episode_timeout" in res.stderr
