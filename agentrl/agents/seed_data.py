@@ -17,12 +17,9 @@ Files: JSONL / JSON / Parquet / CSV, read with Hugging Face `datasets`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
+from agentrl.envs.table import read_table
 from agentrl.errors import ConfigError
-
-FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 QUESTION_KEYS = ("question", "prompt", "problem")
 ID_KEYS = ("query_id", "qid", "id")
 ANSWER_KEYS = ("answer", "solutions", "solution")
@@ -39,32 +36,15 @@ class SeedRow:
 
 def load_rows(path: str, where: str = "env.args.dataset_path") -> tuple[SeedRow, ...]:
     """The rows of `path` (cached per file and modification time); one-line errors name `where`."""
-    p = Path(path).expanduser().resolve()
-    if not p.is_file():
-        raise ConfigError(f"{where}={path!r}: no such file")
-    if p.suffix.lower() not in FORMATS:
-        raise ConfigError(f"{where}={path!r} must end in {', '.join(FORMATS)}")
-    return _load(str(p), p.stat().st_mtime_ns, where)
+    return _rows(read_table(path, where), where, path)
 
 
-@lru_cache(maxsize=8)
-def _load(path: str, mtime: int, where: str) -> tuple[SeedRow, ...]:
-    import datasets
-
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    try:
-        ds = datasets.load_dataset(FORMATS[Path(path).suffix.lower()], data_files=path, split="train")
-    except Exception as e:  # malformed files raise many types; the first line says which row
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"{where}: could not read {path!r}: {first}") from None
+def _rows(ds, where: str, path: str) -> tuple[SeedRow, ...]:
     columns = ds.column_names
     q_key = next((k for k in QUESTION_KEYS if k in columns), None)
     if q_key is None:
         raise ConfigError(f"{where}: {path!r} has no question column (its columns: {', '.join(columns)}); "
                           f"name it one of {', '.join(QUESTION_KEYS)}")
-    if len(ds) == 0:
-        raise ConfigError(f"{where}: {path!r} has no rows")
     id_key = next((k for k in ID_KEYS if k in columns), None)
     a_key = next((k for k in ANSWER_KEYS if k in columns), None)
     rows = []

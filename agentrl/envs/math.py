@@ -43,17 +43,16 @@ synthetic: `min_operand`, `max_operand` (operand size), `num_ops` (operations pe
 from __future__ import annotations
 
 import random
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from agentrl.envs.args import is_number
 from agentrl.envs.math_grader import shared_grader
+from agentrl.envs.table import read_table
 from agentrl.envs.text import answer_content
 from agentrl.errors import ConfigError, EnvError
 from agentrl.registry import register_env
 
-FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+SUFFIXES = (".jsonl", ".json", ".parquet")  # not CSV: its reader infers types (an answer 0.50 would read 0.5)
 OPERATORS = "+-*"
 
 
@@ -79,33 +78,13 @@ def evaluate(operands: list[int], operators: list[str]) -> int:
 
 
 def load_problems(path: str, question_key: str = "question", answer_key: str = "answer") -> list[tuple[str, str]]:
-    """(question, answer) rows of a JSONL or Parquet file, read with Hugging Face `datasets`."""
-    p = Path(path).expanduser().resolve()
-    if not p.is_file():
-        raise ConfigError(f"math: dataset_path={path!r}: no such file")
-    if p.suffix.lower() not in FORMATS:
-        raise ConfigError(f"math: dataset_path={path!r} must end in {', '.join(FORMATS)}")
-    return list(_load(str(p), p.stat().st_mtime_ns, question_key, answer_key))
-
-
-@lru_cache(maxsize=8)  # every episode builds an env: read each file once per process
-def _load(path: str, mtime: int, question_key: str, answer_key: str) -> tuple[tuple[str, str], ...]:
-    import datasets
-
-    datasets.disable_progress_bars()  # errors below must stay one line on stderr
-    datasets.logging.set_verbosity_error()
-    try:
-        ds = datasets.load_dataset(FORMATS[Path(path).suffix.lower()], data_files=path, split="train")
-    except Exception as e:  # malformed files raise many types; the first line says which row
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"math: could not read dataset_path={path!r}: {first}") from None
+    """(question, answer) rows of a JSONL, JSON or Parquet file."""
+    ds = read_table(path, "math: dataset_path", SUFFIXES)
     for role, key in (("question", question_key), ("answer", answer_key)):
         if key not in ds.column_names:
             raise ConfigError(f"math: dataset {path!r} has no '{key}' column (its columns: "
                               f"{', '.join(ds.column_names)}); set args.{role}_key to the {role} column")
-    if len(ds) == 0:
-        raise ConfigError(f"math: dataset {path!r} has no rows")
-    return tuple((str(q), str(a)) for q, a in zip(ds[question_key], ds[answer_key]))
+    return [(str(q), str(a)) for q, a in zip(ds[question_key], ds[answer_key])]
 
 
 class MathEnv:
