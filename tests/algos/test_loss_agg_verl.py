@@ -35,7 +35,7 @@ def test_legacy_mode_sums_every_token_loss_over_the_horizon():
 def test_verl_mode_averages_sequence_sums_over_the_horizon():
     loss = torch.tensor(LOSS, requires_grad=True)
     got = aggregate(loss, torch.tensor(MASK), "seq-mean-token-sum-norm", horizon=8.0)
-    assert float(got) == pytest.approx(10 / (2 * 8))  # two sequences with generated ids
+    assert got.item() == pytest.approx(10 / (2 * 8))  # two sequences with generated ids
     got.backward()
     assert torch.equal(loss.grad, torch.tensor(MASK) / 16)  # each generated token counts 1/(2 * 8)
 
