@@ -40,8 +40,9 @@ from agentrl.config import load_config
 from agentrl.llm.conversation import Conversation
 from agentrl.metrics import read_jsonl
 from agentrl.registry import register_env
-from agentrl.rollout.collector import CollectResult, make_tasks
-from agentrl.rollout.trajectory import Task, Trajectory
+from agentrl.rollout.collector import CollectResult
+from agentrl.rollout.tasks import make_tasks
+from agentrl.trajectory import Task, Trajectory
 from agentrl.runtime.local import build_trainer
 
 
@@ -129,7 +130,8 @@ class LockstepCollector:
             if not live:
                 break
         trajs = [Trajectory(c.token_ids, c.loss_mask, c.logprobs, c.versions, c.rewards, c.reward_positions,
-                            t.group_id, t.env_seed, {"success": bool(done_info.get(i, {}).get("success"))})
+                            t.group_id, t.env_seed, success=bool(done_info.get(i, {}).get("success")),
+                            terminated=bool(done_info.get(i, {}).get("terminated")), tag=t.tag)
                  for i, (c, t) in enumerate(zip(convs, tasks))]
         return CollectResult(trajs, episodes=len(tasks))
 
@@ -140,7 +142,7 @@ def run_mode(name: str, overrides: list[str], steps: int, workdir: Path, cache: 
     ToolEnv.resets.clear()  # every mode draws the same plans
     trainer = build_trainer(cfg, workdir / name, log=lambda m: None)
     if name == "lockstep":
-        trainer.collector = LockstepCollector(trainer.collector)
+        trainer.rollout.collector = LockstepCollector(trainer.rollout.collector)
     trainer.fit()
     rows = [r for r in read_jsonl(workdir / name / "metrics.jsonl") if "perf/step_seconds" in r][1:]
     wall = statistics.mean(r["perf/step_seconds"] for r in rows)

@@ -57,7 +57,8 @@ from agentrl.llm.engine import Completion, SamplingParams  # noqa: E402
 from agentrl.llm.local import LocalEngine  # noqa: E402
 from agentrl.llm.sampler import sample_next  # noqa: E402
 from agentrl.models.tiny import build_model, build_tokenizer  # noqa: E402
-from agentrl.rollout.collector import RolloutCollector, make_tasks  # noqa: E402
+from agentrl.rollout.collector import RolloutCollector  # noqa: E402
+from agentrl.rollout.tasks import make_tasks  # noqa: E402
 from agentrl.rollout.demos import corpus  # noqa: E402
 from agentrl.runtime.envs import make_agent, make_env_factories  # noqa: E402
 from agentrl.runtime.local import load_policy, seed_everything  # noqa: E402

@@ -12,11 +12,14 @@ FORBIDDEN = {
     "algos": {"envs", "agents", "models", "llm", "rollout", "train", "runtime", "cli", "metrics"},
     "envs": {"agents", "llm", "rollout", "train", "runtime", "models", "algos", "cli", "torch"},
     "llm": {"envs", "agents", "rollout", "train", "runtime", "algos", "cli"},
-    "agents": {"train", "runtime", "algos", "models", "cli"},
+    "agents": {"rollout", "train", "runtime", "algos", "models", "cli"},
     "rollout": {"train", "runtime", "algos", "models", "cli"},
     "train": {"envs", "agents", "runtime", "cli"},
     "models": {"envs", "agents", "rollout", "train", "runtime", "algos", "cli"},
     "runtime": {"cli"},
+    # the episode record is the bottom of the tree: everything may import it, it imports nothing of ours
+    "trajectory": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config",
+                   "registry", "metrics", "errors", "api", "torch"},
 }
 
 

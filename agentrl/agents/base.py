@@ -6,7 +6,7 @@ from typing import Protocol, runtime_checkable
 
 from agentrl.envs.base import Env
 from agentrl.llm.engine import LLMClient
-from agentrl.rollout.trajectory import Task, Trajectory
+from agentrl.trajectory import Task, Trajectory
 
 
 @runtime_checkable

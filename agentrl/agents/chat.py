@@ -8,7 +8,7 @@ from agentrl.envs.base import Env
 from agentrl.llm.conversation import Conversation, TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.registry import register_agent
-from agentrl.rollout.trajectory import Task, Trajectory
+from agentrl.trajectory import Task, Trajectory
 
 
 class ChatAgent:
@@ -19,7 +19,7 @@ class ChatAgent:
     earns the format penalty: otherwise the policy learns to ramble until the budget runs out.
     When the `budget` leaves no room for another reply (episode token budget spent, or the next
     prompt fills the context) the episode ends as truncated: the last observation, which no
-    reply can follow, is taken back out of the sequence, and `info["truncation_reason"]` says
+    reply can follow, is taken back out of the sequence, and `truncation_reason` says
     why (`env`, `max_turns`, `context` or `token_budget`).
     """
 
@@ -36,10 +36,11 @@ class ChatAgent:
 
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
         """Play one episode of `env` seeded by the task."""
-        obs, reset_info = await env.reset(seed=task.env_seed)
+        obs, _ = await env.reset(seed=task.env_seed)
         instructions = getattr(env, "instructions", "")  # optional, as close and sample_action are
         conv = start_conversation(self.tokenizer, self.system_prompt, f"{instructions}\n{obs}" if instructions else obs)
-        info: dict = {"success": False, "truncated_replies": 0, "invalid_actions": 0}
+        info: dict = {}
+        invalid = cut_off = 0
         terminated = truncated = False
         reason: str | None = "max_turns"
         states = []
@@ -51,29 +52,22 @@ class ChatAgent:
                 break
             states.append(obs)
             if reply is None:  # cut off at max_new_tokens: no answer
-                info["truncated_replies"] += 1
+                cut_off += 1
                 reply = ""
             obs, reward, terminated, truncated, step_info = await env.step(reply)
             conv.set_turn_reward(reward)
-            info["invalid_actions"] += int(not step_info.get("action_valid", True))
+            invalid += int(not step_info.get("action_valid", True))
             if terminated or truncated:
-                info.update(step_info)
+                info = dict(step_info)
                 reason = None if terminated else "env"
                 break
             observed = conv.mark()
             conv.add_message("user", obs)
         if self.budget.context:
             conv.trim(self.budget.context)  # a reply that filled the context still gets its closing
-        info["success"] = bool(info.get("success", False))
-        info["terminated"], info["truncated"] = bool(terminated), not terminated
-        info["truncation_reason"] = reason
-        info["turns"] = len(conv.rewards)
-        if "optimal_success" in reset_info:
-            info["optimal_success"] = reset_info["optimal_success"]
-        if "map" in reset_info:
-            info["map"] = reset_info["map"]
-        return Trajectory(conv.token_ids, conv.loss_mask, conv.logprobs, conv.versions, conv.rewards,
-                          conv.reward_positions, task.group_id, task.env_seed, info, states)
+        return Trajectory.from_record(conv.record, task, states, success=bool(info.pop("success", False)),
+                                      terminated=bool(terminated), truncation_reason=reason, info=info,
+                                      invalid_actions=invalid, truncated_replies=cut_off)
 
 
 def start_conversation(tokenizer, system_prompt: str | None, first_message: str) -> Conversation:

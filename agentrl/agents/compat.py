@@ -59,37 +59,30 @@ from agentrl.agents.seed_data import SeedRow
 from agentrl.envs.base import Env
 from agentrl.envs.contract import is_finite_number
 from agentrl.errors import ConfigError, EnvError
-from agentrl.llm.conversation import Conversation, TokenBudget
+from agentrl.llm.conversation import Conversation, TokenBudget, completion_versions
 from agentrl.llm.engine import Completion, LLMClient, SamplingParams
-from agentrl.rollout.trajectory import Task, Trajectory
+from agentrl.trajectory import Task, TokenRecord, Trajectory
 
 
 @dataclass
 class _Record:
-    """The growing token-exact sequence of a seed-style episode."""
+    """A seed-style episode: its token record, the context each turn acted on, the last step."""
 
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
-    reward_positions: list[int] = field(default_factory=list)
+    tokens: TokenRecord = field(default_factory=TokenRecord)
     states: list[str] = field(default_factory=list)
     last_step: tuple[float, dict] | None = None
 
+    @property
+    def rewards(self) -> list[float]:
+        return self.tokens.rewards
+
     def add_turn(self, prompt: list[int], completion: Completion) -> None:
-        n = len(self.token_ids)
-        if prompt[:n] != self.token_ids:
+        n = len(self.tokens.token_ids)
+        if prompt[:n] != self.tokens.token_ids:
             raise EnvError(f"seed-style agent: turn {len(self.rewards)}'s token_ids do not extend the previous "
                            "turn's act.seqs[0]; an episode is one growing sequence (append feedback to it)")
-        extra = prompt[n:]
-        self.token_ids += extra + list(completion.token_ids)
-        self.loss_mask += [0] * len(extra) + [1] * len(completion.token_ids)
-        self.logprobs += [0.0] * len(extra) + [float(x) for x in completion.logprobs]
-        versions = completion.versions or [completion.policy_version] * len(completion.token_ids)
-        self.versions += [-1] * len(extra) + list(versions)
-        self.reward_positions.append(len(self.token_ids) - 1)
-        self.rewards.append(0.0)
+        self.tokens.append_prompt(prompt[n:])
+        self.tokens.append_generated(list(completion.token_ids), completion.logprobs, completion_versions(completion))
         self.states.append(",".join(map(str, prompt)))  # the exact context the turn acted on
 
 
@@ -219,7 +212,7 @@ class SeedAgentAdapter:
                 raise EnvError(f"seed-style agent asked for gconfig.n={gconfig.n}; one answer per request is "
                                "supported (run a group of episodes instead)")
             token_ids = list(token_ids)
-            max_new, stop = self.budget.allowance(len(token_ids), sum(record.loss_mask),
+            max_new, stop = self.budget.allowance(len(token_ids), record.tokens.num_generated,
                                                   getattr(gconfig, "max_new_tokens", self.sampling.max_new_tokens))
             if stop:
                 return stop
@@ -252,12 +245,12 @@ class SeedAgentAdapter:
                 rewards = [float(r) for r in result["rewards"]]
                 if len(rewards) != len(record.rewards):
                     raise EnvError(f"seed-style agent returned {len(rewards)} rewards for {len(record.rewards)} turns")
-                record.rewards = rewards
+                record.tokens.rewards[:] = rewards
             info.update(result.get("info") or {})
         elif isinstance(result, (list, tuple)) and result:
             rewards = [_sample_reward(x) for x in result]
             if len(rewards) == len(record.rewards) and None not in rewards:
-                record.rewards = rewards  # AReaL's samples, one per turn, carry the agent's reward shaping
+                record.tokens.rewards[:] = rewards  # AReaL's samples, one per turn, carry the agent's reward shaping
             else:
                 reason_text = (f"{len(result)} samples for {len(record.rewards)} turns" if None not in rewards
                                else "samples without a 'rewards' entry")
@@ -275,10 +268,8 @@ class SeedAgentAdapter:
             success = bool(step_info["success"]) if "success" in step_info else reward > 0
         else:
             success = False
-        info.update(success=success, terminated=reason is None, truncated=reason is not None,
-                    truncation_reason=reason, turns=len(record.rewards))
-        return Trajectory(record.token_ids, record.loss_mask, record.logprobs, record.versions, record.rewards,
-                          record.reward_positions, task.group_id, task.env_seed, info, record.states)
+        return Trajectory.from_record(record.tokens, task, record.states, success=success,
+                                      terminated=reason is None, truncation_reason=reason, info=info)
 
 
 _WARNED: set[str] = set()

@@ -27,7 +27,7 @@ from agentrl.envs.base import Env
 from agentrl.llm.conversation import TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.registry import register_agent
-from agentrl.rollout.trajectory import Task, Trajectory
+from agentrl.trajectory import Task, Trajectory
 
 WRONG = "Unfortunately your answer is wrong. Let's try again."  # the seeds' wording
 CORRECT = "Congratulations! You are correct!"
@@ -64,7 +64,7 @@ class MathRetryAgent:
         conv = start_conversation(self.tokenizer, self.system_prompt, f"{env.instructions}\n{question}")
         solved_at: int | None = None
         reason: str | None = "max_turns"
-        info: dict = {"truncated_replies": 0, "invalid_actions": 0}
+        invalid = cut_off = 0
         states, replies, fed_back, env_metrics = [], [], None, []
         for turn in range(self.max_turns):
             reply, stop = await take_turn(conv, llm, task, turn, self, undo=fed_back)
@@ -73,13 +73,13 @@ class MathRetryAgent:
                 break
             states.append("\n".join([question, *replies]))  # the question and the tries so far
             if reply is None:  # cut off at max_new_tokens: no answer
-                info["truncated_replies"] += 1
+                cut_off += 1
                 reply = ""
             replies.append(reply)
             _, reward, _, _, step_info = await env.step(reply)
             env_metrics.append(step_info.get("metrics") or {})
             conv.set_turn_reward(reward * self.turn_discount ** turn)
-            info["invalid_actions"] += int(not step_info.get("action_valid", True))
+            invalid += int(not step_info.get("action_valid", True))
             if step_info.get("success"):
                 solved_at, reason = turn, None
                 break
@@ -90,13 +90,11 @@ class MathRetryAgent:
                 conv.add_prepared("user", self.wrong_feedback, self._feedback)
         if self.budget.context:
             conv.trim(self.budget.context)  # a reply that filled the context still gets its closing
-        info.update(success=solved_at is not None, terminated=solved_at is not None,
-                    truncated=solved_at is None, truncation_reason=reason, turns=len(conv.rewards),
-                    metrics={**_mean_per_key(env_metrics),
-                             **{f"success_at_{k}": float(solved_at is not None and solved_at < k)
-                                for k in range(1, self.max_turns + 1)}})
-        return Trajectory(conv.token_ids, conv.loss_mask, conv.logprobs, conv.versions, conv.rewards,
-                          conv.reward_positions, task.group_id, task.env_seed, info, states)
+        metrics = {**_mean_per_key(env_metrics), **{f"success_at_{k}": float(solved_at is not None and solved_at < k)
+                                                    for k in range(1, self.max_turns + 1)}}
+        return Trajectory.from_record(conv.record, task, states, success=solved_at is not None,
+                                      terminated=solved_at is not None, truncation_reason=reason,
+                                      info={"metrics": metrics}, invalid_actions=invalid, truncated_replies=cut_off)
 
 
 def _mean_per_key(rows: list[dict]) -> dict[str, float]:

@@ -313,7 +313,7 @@ class FrozenLakeEnv:
 
     def eval_baselines(self, trajectories: list) -> dict[str, float]:
         """The best map-blind policy (one action sequence for every map) on the evaluated maps."""
-        maps = [t.info["map"].split("/") for t in trajectories if "map" in t.info]
+        maps = [t.reset_info["map"].split("/") for t in trajectories if "map" in t.reset_info]
         if not maps or len({len(m) for m in maps}) != 1:
             return {}
         # The search grows with the horizon; past 10 moves it is too slow to run at every eval.

@@ -329,7 +329,7 @@ class SokobanEnv:
         A policy that does not beat it has not learned to read the room. The search is exhaustive
         over 4**horizon sequences, so the horizon is capped at 6 moves.
         """
-        rooms = [parse_room(t.info["map"]) for t in trajectories if "map" in t.info]
+        rooms = [parse_room(t.reset_info["map"]) for t in trajectories if "map" in t.reset_info]
         if not rooms:
             return {}
         return {"room_blind": best_blind_success(rooms, min(self.max_steps, 6))}

@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion
+from agentrl.trajectory import TokenRecord
 
 NOT_PREFIX_PRESERVING = (
     "the tokenizer's chat template is not prefix-preserving: rendering turns 1..k+1 does not start with "
@@ -39,23 +40,26 @@ class Conversation:
 
     tokenizer: object
     messages: list[dict] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)  # policy version per id, -1 where not generated
-    rewards: list[float] = field(default_factory=list)  # one per agent turn
-    reward_positions: list[int] = field(default_factory=list)  # last generated id of each turn
+    record: TokenRecord = field(default_factory=TokenRecord)  # the ids, mask, logprobs, rewards so far
     _rendered: str = ""
     # The rendering with the generation prompt and the header's ids, for a message count: the
     # prompt and the completion of one turn both need them, and rendering grows with the history.
     _with_header: tuple[int, str, list[int]] | None = None
+
+    # The record's sequences, read by agents and tests as the conversation's own.
+    token_ids = property(lambda self: self.record.token_ids)
+    loss_mask = property(lambda self: self.record.loss_mask)
+    logprobs = property(lambda self: self.record.logprobs)
+    versions = property(lambda self: self.record.versions)
+    rewards = property(lambda self: self.record.rewards)
+    reward_positions = property(lambda self: self.record.reward_positions)
 
     # ------------------------------------------------------------------ messages we write
     def add_message(self, role: str, content: str) -> None:
         """Append a user/system/tool message as template-formatted ids (mask 0)."""
         self.messages.append({"role": role, "content": content})
         text = self._render(add_generation_prompt=False)
-        self._append_text(self._delta(text), mask=0)
+        self._append_text(self._delta(text))
         self._rendered = text
 
     def prompt_ids(self) -> list[int]:
@@ -68,7 +72,7 @@ class Conversation:
 
     def num_generated(self) -> int:
         """Ids the policy generated so far."""
-        return sum(self.loss_mask)
+        return self.record.num_generated
 
     def add_prepared(self, role: str, content: str, prepared: tuple[str, list[int]]) -> None:
         """Append a fixed message whose (text, ids) were rendered and tokenised once in advance.
@@ -80,7 +84,7 @@ class Conversation:
         self.messages.append({"role": role, "content": content})
         text = self._render(add_generation_prompt=False)
         delta = self._delta(text)
-        self._append_ids(list(prepared[1]) if delta == prepared[0] else self._encode(delta), mask=0)
+        self.record.append_prompt(list(prepared[1]) if delta == prepared[0] else self._encode(delta))
         self._rendered = text
 
     def prepare(self, role: str, content: str) -> tuple[str, list[int]]:
@@ -92,11 +96,7 @@ class Conversation:
     def trim(self, length: int) -> None:
         """Drop ids past `length` when they are only template text after the last reply (the
         closing of a reply cut off by the context limit): they carry no loss and no reward."""
-        if len(self.token_ids) <= length:
-            return
-        assert sum(self.loss_mask[length:]) == 0, "trim would drop generated ids"
-        for seq in (self.token_ids, self.loss_mask, self.logprobs, self.versions):
-            del seq[length:]
+        self.record.truncate(length)
 
     def mark(self) -> tuple[int, int, str]:
         """A point to `rollback` to (messages, ids, rendering)."""
@@ -108,23 +108,16 @@ class Conversation:
         assert sum(self.loss_mask[n_ids:]) == 0 and len(self.rewards) == sum(
             1 for m in self.messages[:n_messages] if m["role"] == "assistant"), "rollback past a reply"
         del self.messages[n_messages:]
-        for seq in (self.token_ids, self.loss_mask, self.logprobs, self.versions):
-            del seq[n_ids:]
+        self.record.truncate(n_ids)
         self._rendered = rendered
 
     # ------------------------------------------------------------------ the model's reply
     def add_completion(self, completion: Completion, eos_token_ids: tuple[int, ...]) -> str:
         """Append the engine's ids verbatim (mask 1) and close the turn; return the reply text."""
         prefix, header = self._generation_prompt()
-        self._append_ids(header, mask=0)
+        self.record.append_prompt(header)
         ids = list(completion.token_ids)
-        versions = completion.versions or [completion.policy_version] * len(ids)
-        self.token_ids.extend(ids)
-        self.loss_mask.extend([1] * len(ids))
-        self.logprobs.extend(float(x) for x in completion.logprobs)
-        self.versions.extend(versions)
-        # The turn's reward sits on its last generated id (or the latest one, for an empty reply).
-        last_generated = len(self.token_ids) - 1 if ids else (self.reward_positions or [-1])[-1]
+        self.record.append_generated(ids, completion.logprobs, completion_versions(completion))
         ended = bool(ids) and ids[-1] in eos_token_ids
         content_ids = ids[:-1] if ended else ids
         content = self.tokenizer.decode(content_ids, skip_special_tokens=True)
@@ -136,17 +129,13 @@ class Conversation:
         eos_text = self.tokenizer.decode(ids[-1:]) if ended else ""
         if ended and closing.startswith(eos_text):
             closing = closing[len(eos_text):]  # the generated EOS already closed the turn
-        self._append_text(closing, mask=0)
+        self._append_text(closing)
         self._rendered = full
-        self.reward_positions.append(last_generated)
-        self.rewards.append(0.0)
         return content
 
     def set_turn_reward(self, reward: float) -> None:
         """Record the env's reward for the latest turn (placed at its last generated id)."""
-        if not self.rewards:
-            raise AssertionError("set_turn_reward before any completion")
-        self.rewards[-1] = float(reward)
+        self.record.set_turn_reward(reward)
 
     # ------------------------------------------------------------------ internals
     def _render(self, add_generation_prompt: bool) -> str:
@@ -170,14 +159,13 @@ class Conversation:
     def _encode(self, text: str) -> list[int]:
         return encode_text(self.tokenizer, text) if text else []
 
-    def _append_text(self, text: str, mask: int) -> None:
-        self._append_ids(self._encode(text), mask)
+    def _append_text(self, text: str) -> None:
+        self.record.append_prompt(self._encode(text))
 
-    def _append_ids(self, ids: list[int], mask: int) -> None:
-        self.token_ids.extend(ids)
-        self.loss_mask.extend([mask] * len(ids))
-        self.logprobs.extend([0.0] * len(ids))
-        self.versions.extend([-1] * len(ids))
+
+def completion_versions(completion: Completion) -> list[int]:
+    """The policy version of each generated id (engines that report one version: that one)."""
+    return list(completion.versions) or [completion.policy_version] * len(completion.token_ids)
 
 
 def encode_text(tokenizer, text: str) -> list[int]:

@@ -1,9 +1,15 @@
-"""The inference-engine contract: token ids in, token ids and logprobs out."""
+"""The inference-engine contract: token ids in, token ids and logprobs out.
+
+Two Protocols: `LLMClient`, the one method agents call, and `InferenceEngine`, what the
+trainer's side (the rollout source) needs to serve a run: weights in, a policy version out,
+metrics, a resumable state, and a way to drop cached prefixes. `LocalEngine` (llm/local.py)
+implements both in this process; an engine behind HTTP or on Ray implements the same methods.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -41,4 +47,42 @@ class LLMClient(Protocol):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         """Continue `prompt_ids`; return the new ids exactly as produced."""
+        ...
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """An engine a run can train against: it generates, takes new weights, and can be resumed.
+
+    Every method but `generate` is called from one thread at a time, between two of the
+    engine's steps (the rollout source sees to it)."""
+
+    policy_version: int  # version of the weights it serves; each load_weights adds one
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
+        """Continue `prompt_ids`; return the new ids exactly as produced."""
+        ...
+
+    def load_weights(self, state_dict: dict[str, Any]) -> int:
+        """Serve these weights from the next step on; return the new policy version."""
+        ...
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix (vLLM's name); False, and nothing changed, while requests run."""
+        ...
+
+    def pop_metrics(self) -> dict[str, float]:
+        """perf/engine_* counters since the last call, then reset them."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to continue (policy version, seed stream)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+        ...
+
+    def close(self) -> None:
+        """End every request and release the engine's resources."""
         ...

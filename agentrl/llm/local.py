@@ -107,6 +107,7 @@ class LocalEngine:
         self._seed_rng = random.Random(seed)
         self._lock = threading.Lock()
         self._abort = False
+        self._closed = False
         self._task: asyncio.Task | None = None
 
     @classmethod
@@ -160,6 +161,17 @@ class LocalEngine:
         with self._lock:
             return self.sched.reset()
 
+    def pop_metrics(self) -> dict[str, float]:
+        """perf/engine_* metrics since the last call (the counters restart)."""
+        return self.stats.pop()
+
+    def close(self) -> None:
+        """Abort what is queued or running (at the next step) and drop cached prefixes when idle;
+        later requests fail with EngineError."""
+        self._closed = True
+        self.abort()
+        self.reset_prefix_cache()
+
     def abort(self) -> None:
         """Finish every queued and running request at the next step with finish_reason 'abort'
         and the ids generated so far (callable from another thread)."""
@@ -180,6 +192,8 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ requests
     def _make_request(self, prompt_ids: list[int], sampling: SamplingParams) -> Request:
+        if self._closed:
+            raise EngineError("the engine is closed")
         if not prompt_ids:
             raise EngineError("generate() needs at least one prompt token")
         if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:

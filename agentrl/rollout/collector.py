@@ -26,13 +26,14 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agentrl.envs.contract import reset_problem, step_problem
 from agentrl.errors import EngineError, RolloutError
-from agentrl.rollout.trajectory import Task, Trajectory
+from agentrl.rollout.tasks import retry_seed
+from agentrl.trajectory import Task, Trajectory
 
 if TYPE_CHECKING:  # types only: the collector imports the env contract's checks, never an env or agent
     from agentrl.agents.base import Agent
@@ -100,6 +101,8 @@ class _GuardedEnv:
     def __init__(self, env: Any, per_answer: bool = False) -> None:
         self._env = env
         self._per_answer = per_answer
+        self.reset_info: dict[str, Any] = {}  # the first reset's info, for the trajectory
+        self._reset = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
@@ -110,6 +113,9 @@ class _GuardedEnv:
         except Exception as e:
             raise EnvFailure(_describe(e, "reset")) from e
         self._check("reset", reset_problem(result, per_answer=self._per_answer))
+        if not self._reset and isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
+            self.reset_info = dict(result[1])
+        self._reset = True
         return result
 
     async def step(self, *args: Any, **kwargs: Any) -> Any:
@@ -234,9 +240,10 @@ class RolloutCollector:
         spec = self.tags[task.tag]
         env = spec.env_factory()
         try:
-            per_answer = bool(getattr(spec.agent, "per_answer_rewards", False))
-            traj = await spec.agent.run_episode(task, _GuardedEnv(env, per_answer), self.llm)
-            traj.info["tag"] = task.tag
+            guarded = _GuardedEnv(env, bool(getattr(spec.agent, "per_answer_rewards", False)))
+            traj = await spec.agent.run_episode(task, guarded, self.llm)
+            # Set here, not by each agent: every agent's episodes carry what metrics and baselines read.
+            traj.tag, traj.reset_info = task.tag, guarded.reset_info
             return traj
         finally:
             try:
@@ -262,36 +269,3 @@ def _describe(e: BaseException, where: str = "") -> str:
     last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     at = f" at {last.filename.rsplit('/', 1)[-1]}:{last.lineno}" if last else ""
     return f"{type(e).__name__}{' in ' + where if where else ''}: {e}{at}"
-
-
-def retry_seed(sampling_seed: int, attempt: int) -> int:
-    """The sampling seed of retry `attempt` of an episode (a fresh sample, reproducibly)."""
-    return _mix(sampling_seed, attempt)
-
-
-def make_tasks(seed: int, step: int, n_groups: int, group_size: int, *, greedy: bool = False,
-               seed_base: int = 0, tags: Sequence[str] | None = None) -> list[Task]:
-    """Tasks for one step: `n_groups` env seeds, each repeated `group_size` times.
-
-    `tags` gives each group's env definition (one entry per group); None tags them all "".
-    A group's seeds depend only on (seed, step, group index), not on its tag.
-    """
-    if tags is not None and len(tags) != n_groups:
-        raise ValueError(f"make_tasks: {len(tags)} tags for {n_groups} groups")
-    tasks = []
-    for g in range(n_groups):
-        env_seed = seed_base + _mix(seed, step, g) % 1_000_000
-        tag = tags[g] if tags is not None else ""
-        for k in range(group_size):
-            tasks.append(Task(env_seed=env_seed, group_id=g,
-                              sampling_seed=_mix(seed, step, g * 4099 + k + 1), greedy=greedy, tag=tag))
-    return tasks
-
-
-def _mix(*xs: int) -> int:
-    """A deterministic 63-bit hash of integers (Python's hash() of ints is not mixed enough)."""
-    h = 0x9E3779B97F4A7C15
-    for x in xs:
-        h ^= (x + 0x9E3779B97F4A7C15 + ((h << 6) & (2**64 - 1)) + (h >> 2)) & (2**64 - 1)
-        h = (h * 0xBF58476D1CE4E5B9) & (2**64 - 1)
-    return h >> 1

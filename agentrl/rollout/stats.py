@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from agentrl.rollout.trajectory import Trajectory
+from agentrl.trajectory import Trajectory
 
 # Why an episode ended without the env terminating it: the env's own limit, the agent's turn
-# limit, the context limit, or the per-episode token budget (agents record it in info).
+# limit, the context limit, or the per-episode token budget (agents record it in the trajectory).
 TRUNCATION_REASONS = ("env", "max_turns", "context", "token_budget")
 
 
@@ -39,13 +39,13 @@ def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
                 counts[key] = counts.get(key, 0) + 1
     out = {key: sums[key] / counts[key] for key in sums}
     out.update({
-        "success": _mean([float(bool(t.info.get("success", False))) for t in trajs]),
+        "success": _mean([float(t.success) for t in trajs]),
         "return": _mean([t.total_reward for t in trajs]),
         "turns": _mean([float(t.num_turns) for t in trajs]),
-        "truncated": _mean([float(bool(t.info.get("truncated", False))) for t in trajs]),
+        "truncated": _mean([float(t.truncated) for t in trajs]),
         "episodes": float(len(trajs)),
     })
-    optimal = [float(t.info["optimal_success"]) for t in trajs if "optimal_success" in t.info]
+    optimal = [float(t.reset_info["optimal_success"]) for t in trajs if "optimal_success" in t.reset_info]
     if optimal:
         out["optimal_success"] = _mean(optimal)
     return out
@@ -55,7 +55,7 @@ def by_tag(trajs: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:
     """Trajectories grouped by their tag, in order of first appearance."""
     groups: dict[str, list[Trajectory]] = {}
     for t in trajs:
-        groups.setdefault(str(t.info.get("tag", "")), []).append(t)
+        groups.setdefault(t.tag, []).append(t)
     return groups
 
 
@@ -67,5 +67,5 @@ def tag_metrics(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
 
 def truncation_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """`rollout/truncated_<reason>`: the fraction of episodes that ended for each reason."""
-    reasons = [t.info.get("truncation_reason") for t in trajs]
+    reasons = [t.truncation_reason for t in trajs]
     return {f"rollout/truncated_{r}": _mean([float(x == r) for x in reasons]) for r in TRUNCATION_REASONS}

@@ -31,8 +31,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.llm.engine import InferenceEngine
 from agentrl.rollout.collector import CollectResult, RolloutCollector
-from agentrl.rollout.trajectory import Task, Trajectory
+from agentrl.trajectory import Task, Trajectory
 
 
 @dataclass
@@ -59,10 +60,11 @@ def min_version(trajectories: list[Trajectory]) -> int:
 class RolloutStream:
     """Plays groups in a background event-loop thread and hands finished ones to the trainer."""
 
-    def __init__(self, collector: RolloutCollector, group_tasks: Callable[[int], list[Task]],
+    def __init__(self, collector: RolloutCollector, engine: InferenceEngine, group_tasks: Callable[[int], list[Task]],
                  groups_per_step: int, max_staleness: int, version: int = 0,
                  consumed: dict[str, Any] | None = None, accept_stale: bool = True) -> None:
         self.collector = collector
+        self.engine = engine  # the collector's engine: weights go to it between two of its steps
         self.group_tasks = group_tasks
         self.G = groups_per_step
         self.k = max_staleness
@@ -123,7 +125,7 @@ class RolloutStream:
         """Hand new weights to the engine; they apply between two of its steps (this blocks until
         then, so the caller may change its tensors afterwards); returns the new version."""
         def apply() -> int:
-            self.version = self.collector.llm.load_weights(state_dict)
+            self.version = self.engine.load_weights(state_dict)
             self._poke()
             return self.version
         return self.call(apply)

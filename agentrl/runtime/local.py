@@ -29,7 +29,9 @@ from agentrl.errors import ConfigError, RolloutError
 from agentrl.llm.local import LocalEngine
 from agentrl.models.loading import DTYPES, load_pretrained, save_pretrained
 from agentrl.registry import AGENTS, ENVS, Registry
-from agentrl.rollout.collector import RolloutCollector, make_tasks
+from agentrl.rollout.collector import RolloutCollector
+from agentrl.rollout.source import rollout_source
+from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.envs import agent_texts, check_templates, is_seed_tag, make_budget, make_tag_specs
 from agentrl.runtime.preflight import preflight
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
@@ -41,7 +43,6 @@ from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.trainer import Trainer
 
 WARM_START_VERSION = 6  # bump when the warm-start recipe changes, to invalidate cached models
-DEMO_SEED_BASE = 2_000_000
 
 
 def resolve_device(name: str) -> torch.device:
@@ -172,7 +173,7 @@ def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str],
     demo_tags = [plan[i * len(plan) // ws.batch_size] for i in range(ws.batch_size)]  # the batch's mix
 
     def demos(step: int):
-        tasks = make_tasks(cfg.seed, step, ws.batch_size, 1, seed_base=DEMO_SEED_BASE, tags=demo_tags)
+        tasks = TaskSource(cfg.seed, 1, ()).demonstrations(step, demo_tags)
         client.reset_entropy()
         result = collector.collect(tasks)
         if not result.trajectories:  # say why, not "pack() needs at least one trajectory"
@@ -214,7 +215,10 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     if cfg.critic.enable:
         seed_everything(cfg.seed)
         critic = Critic(ValueModel(model).to(device), cfg.critic, horizon)
-    trainer = Trainer(cfg, actor, engine, collector, tokenizer, run_dir, eval_baselines=eval_baselines(factories),
+    tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")), tuple(cfg.group_tags("val")))
+    source = rollout_source(collector, engine, tasks, cfg.rollout.max_staleness,
+                            accept_stale=cfg.rollout.stale_samples == "correct")
+    trainer = Trainer(cfg, actor, source, tokenizer, run_dir, eval_baselines=eval_baselines(factories),
                       reference=reference, critic=critic)
     trainer.log = log
     return trainer

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from agentrl.rollout.trajectory import Trajectory
+from agentrl.trajectory import Trajectory
 
 
 @dataclass

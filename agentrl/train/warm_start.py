@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from agentrl.config import WarmStartConfig
-from agentrl.rollout.trajectory import Trajectory
+from agentrl.trajectory import Trajectory
 from agentrl.train.actor import token_logprobs
 from agentrl.train.batch import pack
 

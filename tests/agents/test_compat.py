@@ -13,7 +13,7 @@ from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.local import LocalEngine
 from agentrl.registry import AGENTS, ENVS
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.rollout.trajectory import Task
+from agentrl.trajectory import Task
 from agentrl.runtime.envs import import_user_modules
 from helpers import RecordingEngine, segments
 
@@ -56,7 +56,7 @@ def test_seed_agent_runs_real_episodes_through_the_local_engine(tiny_model, tiny
             assert traj.logprobs[a:b] == out.logprobs
         for (_, b), (a2, _) in zip(segs, segs[1:]):  # between tries: the agent's own feedback ids
             assert traj.token_ids[b:a2] == feedback
-        solved = traj.info["success"]
+        solved = traj.success
         assert traj.rewards == [0.0] * (len(segs) - 1) + [0.5 ** (len(segs) - 1) if solved else 0.0]
         assert solved or len(segs) == 3
     assert sum(len(segments(t.loss_mask)) for t in result.trajectories) == len(engine.calls)
@@ -118,10 +118,10 @@ def test_queue_shapes_are_the_seeds(tiny_tokenizer):
     assert first.seqlens == [len(first.seqs[0])] and first.no_eos == [False] and first.version_start == [3]
     assert [s[1] for s in seen["steps"]] == [[0.0], [1.0]]
     # rewards came back from the env's steps; the sequence is prompt, reply, feedback, reply
-    assert traj.rewards == [0.0, 1.0] and traj.info["success"] and traj.num_turns == 2
+    assert traj.rewards == [0.0, 1.0] and traj.success and traj.num_turns == 2
     generated = len(first.output_ids[0]) + len(second.output_ids[0])
     assert traj.token_ids == second.seqs[0] and sum(traj.loss_mask) == generated
-    assert traj.versions.count(3) == generated and traj.info["truncation_reason"] is None
+    assert traj.versions.count(3) == generated and traj.truncation_reason is None
 
 
 def test_a_prompt_that_does_not_extend_the_sequence_fails_the_episode(tiny_tokenizer):
@@ -154,7 +154,7 @@ def test_the_turn_limit_stops_a_seed_agent(tiny_tokenizer):
     adapter = SeedAgentAdapter.from_class(Forever, tiny_tokenizer, SAMPLING, max_turns=3)
     traj = asyncio.run(adapter.run_episode(Task(env_seed=0, group_id=0, sampling_seed=0), EchoEnv(),
                                            ScriptedReplies(tiny_tokenizer, ["x"] * 5)))
-    assert traj.num_turns == 3 and traj.info["truncation_reason"] == "max_turns"
+    assert traj.num_turns == 3 and traj.truncation_reason == "max_turns"
 
 
 def test_missing_constructor_argument_is_a_config_error(tiny_tokenizer):

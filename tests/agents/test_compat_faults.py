@@ -4,7 +4,7 @@ import math
 
 from agentrl.agents.compat import SeedAgentAdapter
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.rollout.trajectory import Task
+from agentrl.trajectory import Task
 from test_compat import SAMPLING, EchoEnv, ScriptedReplies  # tests/agents is on sys.path (prepend mode)
 
 

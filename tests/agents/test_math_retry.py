@@ -13,7 +13,7 @@ from agentrl.llm.conversation import TokenBudget
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.local import LocalEngine
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.rollout.trajectory import Task
+from agentrl.trajectory import Task
 from helpers import RecordingEngine, segments
 
 
@@ -51,10 +51,10 @@ def test_wrong_then_right_with_feedback_and_discount(tiny_tokenizer):
     traj = _episode(agent, env, llm, seed=7)
     # wrong (0), unparseable (format penalty, discounted), right on the third try: 0.5 ** 2
     assert traj.rewards == pytest.approx([0.0, -0.1 * 0.5, 0.25])
-    assert traj.info["success"] and traj.info["turns"] == 3 and traj.info["truncation_reason"] is None
+    assert traj.success and traj.num_turns == 3 and traj.truncation_reason is None
     assert traj.info["metrics"] == {"success_at_1": 0.0, "success_at_2": 0.0, "success_at_3": 1.0, "success_at_4": 1.0,
                                     "grader_timeout": 0.0}
-    assert traj.info["invalid_actions"] == 1
+    assert traj.invalid_actions == 1
     # generated ids are exactly the client's, with mask 1 and their logprobs; rewards on their last id
     segs = segments(traj.loss_mask)
     assert [traj.token_ids[a:b] for a, b in segs] == llm.outputs
@@ -78,8 +78,8 @@ def test_all_wrong_ends_at_max_turns(tiny_tokenizer):
     llm = ScriptedReplies(tiny_tokenizer, ["<answer>99</answer>"] * 3)
     agent = MathRetryAgent(tiny_tokenizer, SamplingParams(max_new_tokens=16), max_turns=3)
     traj = _episode(agent, MathEnv(max_operand=4), llm)
-    assert traj.rewards == [0.0, 0.0, 0.0] and not traj.info["success"]
-    assert traj.info["truncation_reason"] == "max_turns" and traj.info["truncated"]
+    assert traj.rewards == [0.0, 0.0, 0.0] and not traj.success
+    assert traj.truncation_reason == "max_turns" and traj.truncated
     assert set(traj.info["metrics"].values()) == {0.0} and "grader_timeout" in traj.info["metrics"]
     # no feedback after the last try: the sequence ends with the last reply's closing
     assert tiny_tokenizer.decode(traj.token_ids).count(WRONG) == 2
@@ -96,7 +96,7 @@ def test_real_engine_episode_is_token_exact(tiny_model, tiny_tokenizer):
     calls = engine.served()
     n_turns = 0
     for traj in result.trajectories:
-        assert traj.info["tag"] == "math"
+        assert traj.tag == "math"
         for a, b in segments(traj.loss_mask):  # each reply: the engine's ids for exactly this prompt
             out = calls[(tuple(traj.token_ids[:a]), tuple(traj.token_ids[a:b]))]
             assert traj.logprobs[a:b] == out.logprobs
@@ -131,7 +131,7 @@ def test_context_limit_ends_the_episode_as_truncated_with_its_reason(tiny_tokeni
     llm = ScriptedReplies(tiny_tokenizer, ["a few words of reply"] * 50)
     agent = ChatAgent(tiny_tokenizer, SamplingParams(max_new_tokens=8), max_turns=50, budget=TokenBudget(context=120))
     traj = _episode(agent, Countdown(), llm)
-    assert traj.info["truncated"] and traj.info["truncation_reason"] == "context"
+    assert traj.truncated and traj.truncation_reason == "context"
     assert 1 < traj.num_turns < 50 and len(traj.token_ids) <= 120
     # the last observation, which no reply could follow, is not in the sequence
     assert tiny_tokenizer.decode(traj.token_ids, skip_special_tokens=False).rstrip().endswith("<|im_end|>")
@@ -146,7 +146,7 @@ def test_context_limit_caps_a_reply_and_never_asks_the_engine_for_too_much(tiny_
     result = collector.collect([Task(env_seed=0, group_id=k, sampling_seed=k) for k in range(3)])
     assert not result.errors  # the engine would raise EngineError on prompt + max_new_tokens > 160
     for traj in result.trajectories:
-        assert traj.info["truncation_reason"] == "context" and len(traj.token_ids) <= 160
+        assert traj.truncation_reason == "context" and len(traj.token_ids) <= 160
 
 
 def test_episode_token_budget(tiny_tokenizer):
@@ -154,13 +154,13 @@ def test_episode_token_budget(tiny_tokenizer):
     agent = ChatAgent(tiny_tokenizer, SamplingParams(max_new_tokens=8), max_turns=50,
                       budget=TokenBudget(episode_tokens=20))
     traj = _episode(agent, Countdown(), llm)
-    assert traj.info["truncation_reason"] == "token_budget" and traj.num_generated <= 20
+    assert traj.truncation_reason == "token_budget" and traj.num_generated <= 20
     assert traj.num_generated == 20  # the last reply was cut to what was left
 
 
 def test_turn_limit_and_env_truncation_reasons(tiny_tokenizer):
     agent = ChatAgent(tiny_tokenizer, SamplingParams(max_new_tokens=8), max_turns=3)
     traj = _episode(agent, Countdown(), ScriptedReplies(tiny_tokenizer, ["x"] * 3))
-    assert traj.info["truncation_reason"] == "max_turns" and traj.num_turns == 3
+    assert traj.truncation_reason == "max_turns" and traj.num_turns == 3
     traj = _episode(agent, Countdown(n=2), ScriptedReplies(tiny_tokenizer, ["x"] * 3))
-    assert traj.info["truncation_reason"] is None and traj.info["terminated"]
+    assert traj.truncation_reason is None and traj.terminated

@@ -365,7 +365,7 @@ def test_map_blind_baseline_from_eval_trajectories():
     from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
     maps = [generate_random_map(size=4, p=0.8, seed=s) for s in range(32)]
-    trajs = [SimpleNamespace(info={"map": "/".join(m)}, num_turns=6) for m in maps]
+    trajs = [SimpleNamespace(reset_info={"map": "/".join(m)}, num_turns=6) for m in maps]
     out = FrozenLakeEnv(map_name=None, max_steps=6).eval_baselines(trajs)
     assert out["map_blind"] == pytest.approx(best_blind_success(maps, 6)[0])
     assert 0.2 < out["map_blind"] < 0.7

@@ -223,7 +223,7 @@ def test_room_blind_baseline_is_the_best_single_move_sequence():
     brute = max(solved_by(seq) for seq in itertools.product(range(4), repeat=3))
     assert best_blind_success(rooms, 3) == pytest.approx(brute)
     assert 0.0 < brute < 1.0  # rooms differ: no sequence solves them all
-    trajs = [SimpleNamespace(info={"map": render_room(r).replace("\n", "/")}) for r in rooms]
+    trajs = [SimpleNamespace(reset_info={"map": render_room(r).replace("\n", "/")}) for r in rooms]
     assert SokobanEnv(max_steps=3).eval_baselines(trajs) == {"room_blind": pytest.approx(brute)}
     assert SokobanEnv().eval_baselines([]) == {}
 

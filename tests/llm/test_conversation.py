@@ -9,7 +9,7 @@ from agentrl.errors import ConfigError
 from agentrl.llm.conversation import Conversation
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.local import LocalEngine
-from agentrl.rollout.trajectory import Task
+from agentrl.trajectory import Task
 from helpers import RecordingEngine, segments
 
 

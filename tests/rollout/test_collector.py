@@ -9,7 +9,8 @@ from agentrl.agents.chat import ChatAgent
 from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.llm.engine import SamplingParams
 from agentrl.llm.local import LocalEngine
-from agentrl.rollout.collector import RolloutCollector, make_tasks, retry_seed
+from agentrl.rollout.collector import RolloutCollector
+from agentrl.rollout.tasks import make_tasks, retry_seed
 from agentrl.rollout.demos import ScriptedClient
 
 
@@ -119,3 +120,36 @@ def test_without_faults_the_collection_is_the_same_with_or_without_a_timeout(tin
     guarded = _collector(tiny_tokenizer, {}, timeout=timeout, max_retries=2).collect(make_tasks(0, 1, 2, 2))
     assert [t.token_ids for t in plain.trajectories] == [t.token_ids for t in guarded.trajectories]
     assert guarded.retries == 0 and not guarded.errors
+
+
+class _OneReplyAgent:
+    """A user's minimal agent: one reply, a trajectory built by hand, no tag or reset info copied."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    async def run_episode(self, task, env, llm):
+        from agentrl.trajectory import TokenRecord, Trajectory
+
+        obs, _ = await env.reset(seed=task.env_seed)
+        record = TokenRecord()
+        record.append_prompt(self.tokenizer.encode(obs, add_special_tokens=False))
+        done = await llm.generate(record.token_ids, SamplingParams(max_new_tokens=4, seed=task.sampling_seed))
+        record.append_generated(done.token_ids, done.logprobs, done.versions)
+        _, reward, terminated, _, info = await env.step(self.tokenizer.decode(done.token_ids))
+        record.set_turn_reward(reward)
+        return Trajectory.from_record(record, task, [obs], success=bool(info.get("success")), terminated=terminated)
+
+
+def test_every_agents_episodes_carry_their_tag_and_reset_info(tiny_model, tiny_tokenizer):
+    # The eval baselines read the env's layout from reset_info: it must not depend on the agent copying it.
+    engine = LocalEngine(tiny_model, eos_token_ids=(tiny_tokenizer.eos_token_id,),
+                         pad_token_id=tiny_tokenizer.pad_token_id, seed=0)
+    collector = RolloutCollector.single(lambda: FrozenLakeEnv(map_name=None, max_steps=3),
+                                        _OneReplyAgent(tiny_tokenizer), engine, tag="lake")
+    result = collector.collect(make_tasks(0, 1, 2, 1, tags=["lake", "lake"]))
+    assert len(result.trajectories) == 2 and not result.errors
+    for t in result.trajectories:
+        assert t.tag == "lake" and t.reset_info["optimal_success"] in (0.0, 1.0)
+        assert t.reset_info["map"].count("/") == 3  # a 4x4 board, rows joined by "/"
+    assert result.trajectories[0].reset_info["map"] != result.trajectories[1].reset_info["map"]

@@ -8,7 +8,8 @@ import pytest
 from agentrl.agents.chat import ChatAgent
 from agentrl.envs.frozen_lake import ACTION_NAMES, FrozenLakeEnv, parse_action
 from agentrl.llm.engine import SamplingParams
-from agentrl.rollout.collector import RolloutCollector, make_tasks
+from agentrl.rollout.collector import RolloutCollector
+from agentrl.rollout.tasks import make_tasks
 from agentrl.rollout.demos import ScriptedClient
 
 

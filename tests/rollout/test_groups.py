@@ -9,7 +9,8 @@ from agentrl.agents.chat import ChatAgent
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import SamplingParams
-from agentrl.rollout.collector import RolloutCollector, TagSpec, make_tasks
+from agentrl.rollout.collector import RolloutCollector, TagSpec
+from agentrl.rollout.tasks import make_tasks
 from agentrl.rollout.demos import ScriptedClient
 from agentrl.rollout.stats import tag_metrics, truncation_metrics
 
@@ -86,12 +87,12 @@ def test_collector_plays_each_task_with_its_tags_env_and_agent(tiny_tokenizer):
     finally:
         shutdown_grader()
     assert not result.errors
-    by_tag = Counter(t.info["tag"] for t in result.trajectories)
+    by_tag = Counter(t.tag for t in result.trajectories)
     assert by_tag == {"lake": 4, "sums": 4}
     for t in result.trajectories:
         text = tiny_tokenizer.decode(t.token_ids)
-        assert ("FrozenLake" in text) == (t.info["tag"] == "lake") and ("What is" in text) == (t.info["tag"] == "sums")
-        assert t.num_turns <= (3 if t.info["tag"] == "lake" else 1)
+        assert ("FrozenLake" in text) == (t.tag == "lake") and ("What is" in text) == (t.tag == "sums")
+        assert t.num_turns <= (3 if t.tag == "lake" else 1)
     metrics = tag_metrics(result.trajectories, "env")
     assert metrics["env/lake/episodes"] == 4 and metrics["env/sums/episodes"] == 4
     assert {"env/sums/success", "env/sums/return", "env/sums/turns", "env/sums/grader_timeout",

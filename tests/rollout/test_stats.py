@@ -1,18 +1,18 @@
 """Per-tag episode summaries: env-specific per-episode metrics become env/<tag>/ and eval/<tag>/ means."""
 
 from agentrl.rollout.stats import episode_stats, tag_metrics
-from agentrl.rollout.trajectory import Trajectory
+from agentrl.trajectory import Trajectory
 
 
-def _traj(info, reward=1.0):
-    return Trajectory([1, 2], [0, 1], [0.0, -0.5], [-1, 0], [reward], [1], 0, 0, info)
+def _traj(info, reward=1.0, **outcome):
+    return Trajectory([1, 2], [0, 1], [0.0, -0.5], [-1, 0], [reward], [1], 0, 0, info, **outcome)
 
 
 def test_env_metrics_average_each_numeric_key_over_the_episodes_reporting_it():
     trajs = [
         _traj({"metrics": {"steps": 4, "steps_over_optimal": 2.0, "boxes_on_target": 1.0}}),
         _traj({"metrics": {"steps": 6, "boxes_on_target": 0.0, "note": "text", "bad": float("nan")}}),
-        _traj({"success": False}),  # an episode cut by max_turns reports no metrics
+        _traj({}),  # an episode cut by max_turns reports no metrics
         _traj({"metrics": "not a dict"}),
     ]
     stats = episode_stats(trajs)
@@ -23,8 +23,7 @@ def test_env_metrics_average_each_numeric_key_over_the_episodes_reporting_it():
 
 
 def test_tag_metrics_keep_each_tags_episodes_apart():
-    trajs = [_traj({"tag": "lake", "success": True}, 1.0), _traj({"tag": "math", "success": False}, 0.0),
-             _traj({"tag": "lake", "success": False}, 0.0)]
+    trajs = [_traj({}, 1.0, tag="lake", success=True), _traj({}, 0.0, tag="math"), _traj({}, 0.0, tag="lake")]
     out = tag_metrics(trajs, "eval")
     assert out["eval/lake/success"] == 0.5 and out["eval/lake/episodes"] == 2.0
     assert out["eval/math/success"] == 0.0 and out["eval/math/return"] == 0.0

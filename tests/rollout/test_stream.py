@@ -10,7 +10,8 @@ from agentrl.agents.chat import ChatAgent
 from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.llm.engine import SamplingParams
 from agentrl.llm.local import LocalEngine
-from agentrl.rollout.collector import RolloutCollector, make_tasks
+from agentrl.rollout.collector import RolloutCollector
+from agentrl.rollout.tasks import make_tasks
 from agentrl.rollout.stream import RolloutStream
 
 G, GROUP_SIZE = 2, 2
@@ -30,7 +31,7 @@ def _running(model, tok, k, **kw):
     engine = LocalEngine(model, eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id, seed=0)
     agent = ChatAgent(tok, SamplingParams(max_new_tokens=4), max_turns=2)
     collector = RolloutCollector.single(lambda: FrozenLakeEnv(max_steps=2), agent, engine)
-    stream = RolloutStream(collector, _group_tasks, G, k, **kw)
+    stream = RolloutStream(collector, engine, _group_tasks, G, k, **kw)
     stream.start()
     try:
         yield stream

@@ -20,7 +20,7 @@ from agentrl.config import Config
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.metrics import read_jsonl
-from agentrl.rollout.trajectory import Task
+from agentrl.trajectory import Task
 from agentrl.runtime.envs import import_user_modules
 
 ROOT = Path(__file__).parents[2]

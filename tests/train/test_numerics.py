@@ -7,7 +7,7 @@ import torch
 
 from agentrl.config import ActorConfig
 from agentrl.errors import TrainingError
-from agentrl.rollout.trajectory import Trajectory
+from agentrl.trajectory import Trajectory
 from agentrl.train.actor import Actor
 from agentrl.train.batch import pack
 
