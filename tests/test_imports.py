@@ -14,7 +14,8 @@ FORBIDDEN = {
     "llm": {"envs", "agents", "rollout", "train", "runtime", "algos", "cli"},
     "agents": {"rollout", "train", "runtime", "algos", "models", "cli"},
     "rollout": {"train", "runtime", "algos", "models", "cli"},
-    "train": {"envs", "agents", "runtime", "cli"},
+    # the trainer reaches the engine only through its rollout source (rollout/source.py)
+    "train": {"envs", "agents", "llm", "runtime", "cli"},
     "models": {"envs", "agents", "rollout", "train", "runtime", "algos", "cli"},
     "runtime": {"cli"},
     # the episode record is the bottom of the tree: everything may import it, it imports nothing of ours

@@ -371,3 +371,24 @@ def test_reset_prefix_cache_is_refused_while_requests_run(tiny_model, tiny_token
 
     refused, out = asyncio.run(scenario())
     assert refused and out.token_ids  # the running request was not disturbed
+
+
+# ---------------------------------------------------------------------------- the engine contract
+def test_the_local_engine_is_an_inference_engine_the_run_can_drive(tiny_model, tiny_tokenizer):
+    from agentrl.llm.engine import InferenceEngine
+
+    engine = _engine(copy.deepcopy(tiny_model), tiny_tokenizer)
+    assert isinstance(engine, InferenceEngine)
+    prompt = _prompts(tiny_tokenizer)[0]
+    asyncio.run(engine.generate(prompt, GREEDY))
+    metrics = engine.pop_metrics()
+    assert metrics["perf/engine_requests"] == 1.0 and metrics["perf/engine_generated_tokens"] >= 1.0
+    assert engine.pop_metrics()["perf/engine_requests"] == 0.0  # popped: the counters restart
+    state = engine.state_dict()
+    assert engine.load_weights(tiny_model.state_dict()) == 1 == engine.policy_version
+    engine.load_state_dict(state)
+    assert engine.policy_version == 0
+    engine.close()
+    assert not engine.sched.parked
+    with pytest.raises(EngineError, match="closed"):
+        asyncio.run(engine.generate(prompt, GREEDY))

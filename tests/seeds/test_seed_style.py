@@ -13,10 +13,12 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agentrl.agents.compat import SeedAgentAdapter, is_seed_agent
 from agentrl.config import Config
+from agentrl.envs.math_grader import shutdown_grader
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.metrics import read_jsonl
@@ -39,6 +41,14 @@ ROWS = [{"query_id": f"q{i}", "prompt": f"What is {a} + {b}?", "solutions": [f"\
 def _agentrl(*args):
     return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_grader():
+    # The seeds' math_verify_call grades in a worker process: no test after these may inherit it.
+    yield
+    shutdown_grader()
+    assert not psutil.Process().children(recursive=True), "grader processes outlived shutdown"
 
 
 @pytest.fixture(scope="module")
