@@ -134,6 +134,7 @@ class Grader:
         self.timeouts = 0  # answers whose grading was cut off, over the grader's lifetime
         self.restarts = 0  # workers killed and replaced because of a time limit
         self.calls = 0  # worker round trips
+        _ALL.add(self)
 
     # ------------------------------------------------------------------ public API
     async def grade(self, gold: str, answer: str, timeout: float, expression: bool = False) -> Grade:
@@ -238,6 +239,7 @@ class Grader:
 
 
 _GRADER: Grader | None = None
+_ALL: weakref.WeakSet = weakref.WeakSet()  # every grader, so that one call stops every worker
 
 
 def shared_grader() -> Grader:
@@ -250,6 +252,6 @@ def shared_grader() -> Grader:
 
 
 def shutdown_grader() -> None:
-    """Stop the shared grader's worker processes."""
-    if _GRADER is not None:
-        _GRADER.shutdown()
+    """Stop the worker processes of every grader (the shared one, math_verify_call's, any other)."""
+    for grader in list(_ALL):
+        grader.shutdown()
