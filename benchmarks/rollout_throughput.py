@@ -385,7 +385,7 @@ ENGINES: dict[int, LocalEngine] = {}
 
 def timed_engine(model, tokenizer, cfg) -> LocalEngine:
     """A LocalEngine whose steps are timed by its `clock` attribute."""
-    engine = LocalEngine.from_config(model, tokenizer, cfg.rollout, seed=cfg.seed)
+    engine = LocalEngine.from_config(model, tokenizer, cfg.engine, cfg.rollout.max_model_len, seed=cfg.seed)
     step = engine.step
 
     def timed_step() -> None:
@@ -457,7 +457,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="16 episodes, 3 turns, one run each, random weights")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("overrides", nargs="*", help="config overrides for the engine, e.g. rollout.max_num_seqs=32")
+    p.add_argument("overrides", nargs="*", help="config overrides for the engine, e.g. engine.max_num_seqs=32")
     args = p.parse_args()
     if args.quick:
         args.episodes, args.max_turns, args.repeats = 16, 3, 1

@@ -94,3 +94,50 @@ def test_named_sections_from_yaml_and_overrides(tmp_path):
     assert cfg.agent_for("b").args == {"turn_discount": 0.5} and cfg.agent_for("c") is cfg.agent
     with pytest.raises(ConfigError, match="custom_envs.b.max_turns='x' must be an integer"):
         load_config(path, ["custom_envs.b.max_turns=x"])  # checked while loading, before validation
+
+
+# ---------------------------------------------------------------------------- the engine section
+def test_engine_knobs_live_in_their_own_section():
+    cfg = load_config(None, ["engine.max_num_seqs=4", "engine.kv_on_weight_update=keep"])
+    assert (cfg.engine.max_num_seqs, cfg.engine.kv_on_weight_update) == (4, "keep")
+    assert "engine.max_total_tokens" in all_keys() and "rollout.max_num_seqs" not in all_keys()
+    assert not hasattr(cfg.rollout, "max_num_seqs")
+
+
+def test_old_rollout_names_still_work_with_a_one_line_warning(tmp_path, capsys):
+    import agentrl.config as config
+
+    config._WARNED.clear()
+    path = tmp_path / "old.yaml"
+    path.write_text("rollout:\n  batch_size: 16\n  max_total_tokens: 512\n  enable_prefix_caching: false\n")
+    cfg = load_config(path, ["rollout.max_num_seqs=8"])
+    assert (cfg.engine.max_total_tokens, cfg.engine.enable_prefix_caching, cfg.engine.max_num_seqs) == (512, False, 8)
+    assert cfg.rollout.batch_size == 16
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("agentrl: warning: rollout.") for line in err)
+    assert "rollout.max_num_seqs is deprecated; use engine.max_num_seqs" in err[-1]
+
+
+def test_old_and_new_names_that_disagree_are_one_error(tmp_path):
+    path = tmp_path / "both.yaml"
+    path.write_text("rollout:\n  max_num_seqs: 8\nengine:\n  max_num_seqs: 16\n")
+    with pytest.raises(ConfigError, match=r"rollout.max_num_seqs=8 and engine.max_num_seqs=16 disagree"):
+        load_config(path)
+    path.write_text("rollout:\n  max_num_seqs: 16\nengine:\n  max_num_seqs: 16\n")
+    assert load_config(path).engine.max_num_seqs == 16
+
+
+def test_a_saved_config_writes_only_the_new_names(tmp_path):
+    from agentrl.config import save_config
+
+    save_config(load_config(None, ["rollout.max_num_seqs=8"]), tmp_path / "c.yaml")
+    text = (tmp_path / "c.yaml").read_text()
+    assert "max_num_seqs: 8" in text.split("engine:")[1] and "max_num_seqs" not in text.split("engine:")[0]
+
+
+def test_a_run_folder_saved_with_old_names_resumes_without_a_change(tmp_path):
+    from agentrl.runtime.run_folder import resume_changes
+
+    (tmp_path / "config.yaml").write_text("rollout:\n  max_num_seqs: 8\n  max_num_batched_tokens: 4096\n")
+    cfg = load_config(None, ["engine.max_num_seqs=8", "engine.max_num_batched_tokens=4096"])
+    assert resume_changes(cfg, tmp_path, 0) == {}

@@ -79,7 +79,8 @@ def _bad_values(tp: Any) -> list[str]:
 # Semantic mutations: well-typed values that no run can use.
 SEMANTIC = [
     *[(f"{section}.{key}", v) for section, keys in {
-        "rollout": ("batch_size", "group_size", "max_new_tokens", "max_num_seqs", "max_num_batched_tokens"),
+        "rollout": ("batch_size", "group_size", "max_new_tokens"),
+        "engine": ("max_num_seqs", "max_num_batched_tokens"),
         "actor": ("ppo_epochs", "ppo_mini_batch_size", "micro_batch_size"),
         "trainer": ("total_steps", "eval_episodes", "max_checkpoints"),
         "model.tiny": ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -91,7 +92,7 @@ SEMANTIC = [
     ("model.warm_start.max_steps", "-1"), ("model.warm_start.lr", "-1.0"), ("rollout.batch_size", "30"),
     ("rollout.top_p", "0"), ("rollout.top_p", "1.5"), ("rollout.temperature", "0"), ("rollout.top_k", "-2"),
     ("rollout.max_staleness", "-1"), ("rollout.episode_timeout", "0"), ("rollout.max_retries", "-1"),
-    ("rollout.max_failed_fraction", "2"), ("rollout.max_total_tokens", "1"), ("rollout.max_model_len", "-1"),
+    ("rollout.max_failed_fraction", "2"), ("engine.max_total_tokens", "1"), ("rollout.max_model_len", "-1"),
     ("rollout.max_model_len", "100000"), ("rollout.max_new_tokens", "4096"), ("rollout.max_episode_tokens", "-5"),
     ("rollout.rollout_filter_ratio", "0"), ("actor.lr", "-1e-3"), ("actor.betas", "[0.9]"),
     ("actor.betas", "[0.9, 1.5]"), ("actor.clip_ratio_c", "0.5"), ("actor.min_lr_ratio", "2"),

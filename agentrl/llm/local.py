@@ -75,13 +75,14 @@ class LocalEngine:
         self._task: asyncio.Task | None = None
 
     @classmethod
-    def from_config(cls, model: torch.nn.Module, tokenizer: Any, rollout: Any, seed: int) -> "LocalEngine":
-        """An engine for `model` with the knobs of a `RolloutConfig`."""
+    def from_config(cls, model: torch.nn.Module, tokenizer: Any, engine: Any, max_model_len: int,
+                    seed: int) -> "LocalEngine":
+        """An engine for `model` with the knobs of an `EngineConfig` (max_model_len 0: the model's)."""
         return cls(model, eos_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id,
-                   max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=rollout.max_num_batched_tokens,
-                   max_total_tokens=rollout.max_total_tokens, max_model_len=rollout.max_model_len,
-                   enable_prefix_caching=rollout.enable_prefix_caching,
-                   kv_on_weight_update=rollout.kv_on_weight_update, tokenizer=tokenizer, seed=seed)
+                   max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+                   max_total_tokens=engine.max_total_tokens, max_model_len=max_model_len,
+                   enable_prefix_caching=engine.enable_prefix_caching,
+                   kv_on_weight_update=engine.kv_on_weight_update, tokenizer=tokenizer, seed=seed)
 
     @property
     def device(self) -> torch.device:
@@ -198,7 +199,7 @@ class LocalEngine:
             for req in self.sched.admit(self.policy_version):
                 _resolve(req, exception=EngineError(
                     f"a request of {len(req.prompt)} prompt + {req.max_new} new tokens can never fit the KV "
-                    f"budget of {self.sched.max_total_tokens} tokens (rollout.max_total_tokens)"))
+                    f"budget of {self.sched.max_total_tokens} tokens (engine.max_total_tokens)"))
             self.stats.peak_running = max(self.stats.peak_running, len(self.sched.active))
             self.stats.peak_kv_tokens = max(self.stats.peak_kv_tokens, self.sched.used_tokens())
             ready: list[Sequence] = []

@@ -200,7 +200,7 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     model.to(device)
     seed_everything(cfg.seed)
     engine_model = copy.deepcopy(model).to(device=device, dtype=DTYPES[cfg.model.dtype])
-    engine = LocalEngine.from_config(engine_model, tokenizer, cfg.rollout, seed=cfg.seed)
+    engine = LocalEngine.from_config(engine_model, tokenizer, cfg.engine, cfg.rollout.max_model_len, seed=cfg.seed)
     collector = RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget), engine,
                                  timeout=cfg.rollout.episode_timeout, max_retries=cfg.rollout.max_retries)
     horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())  # most tokens an episode generates

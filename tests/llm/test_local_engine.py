@@ -274,7 +274,7 @@ def test_memory_bounds_queue_requests_instead_of_failing(tiny_model, tiny_tokeni
 
 def test_a_request_that_can_never_fit_fails_clearly(tiny_model, tiny_tokenizer):
     engine = _engine(tiny_model, tiny_tokenizer, max_total_tokens=16)
-    with pytest.raises(EngineError, match="can never fit.*rollout.max_total_tokens"):
+    with pytest.raises(EngineError, match="can never fit.*engine.max_total_tokens"):
         asyncio.run(engine.generate(_prompts(tiny_tokenizer)[0], SamplingParams(max_new_tokens=8)))
     out = asyncio.run(engine.generate([5, 6, 7], SamplingParams(max_new_tokens=4, seed=0)))
     assert 1 <= len(out.token_ids) <= 4  # the engine still serves what fits
