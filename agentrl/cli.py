@@ -111,7 +111,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     """`agentrl eval RUN_DIR`: the newest checkpoint that loads (a corrupt newer one is skipped)."""
     from agentrl.config import load_config
     from agentrl.metrics import summary_table
-    from agentrl.runtime.local import build_trainer
+    from agentrl.runtime.build import build_trainer
     from agentrl.train.checkpoint import newest_readable
 
     run_dir = Path(ns.run_dir)

@@ -84,3 +84,17 @@ def register_policy_loss(name: str, fn: Callable | None = None, *, overwrite: bo
     if fn is None:
         return lambda f: POLICY_LOSSES.register(name, f, overwrite=overwrite)
     return POLICY_LOSSES.register(name, fn, overwrite=overwrite)
+
+
+# The modules that register the built-ins, listed once: the runtime, the env checker and the
+# embedded model's cache key all load them through `load_builtins`.
+BUILTIN_MODULES = ("agentrl.envs.frozen_lake", "agentrl.envs.sokoban", "agentrl.envs.math", "agentrl.agents.chat",
+                   "agentrl.agents.math_retry", "agentrl.algos.advantages", "agentrl.algos.policy_losses")
+
+
+def load_builtins() -> None:
+    """Register the built-in envs, agents, estimators and policy losses (imported on first call)."""
+    import importlib
+
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)

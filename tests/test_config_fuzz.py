@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 import pytest
 
-import agentrl.runtime.local as local
+import agentrl.runtime.build as building
+import agentrl.runtime.warm as warm
 from agentrl.config import Config, load_config
 from agentrl.config_io import _field_types
 from agentrl.errors import AgentRLError
@@ -118,8 +119,8 @@ def no_model(monkeypatch):
     """build_trainer with a tripwire where the model would be built or warm-started."""
     def tripwire(*args, **kwargs):
         raise AssertionError("the model was about to be built: this check runs too late")
-    monkeypatch.setattr(local, "load_policy", tripwire)
-    monkeypatch.setattr(local, "build_tiny", tripwire)
+    monkeypatch.setattr(building, "load_policy", tripwire)
+    monkeypatch.setattr(warm, "build_tiny", tripwire)
 
 
 def _field_in(message: str, key: str) -> bool:
@@ -131,7 +132,7 @@ def _field_in(message: str, key: str) -> bool:
 def _run_checks(key: str, value: str, tmp_path: Path) -> AgentRLError:
     with pytest.raises(AgentRLError) as err:
         cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", [f"{key}={value}", f"run_dir={tmp_path}"])
-        local.build_trainer(cfg, tmp_path, log=lambda m: None)
+        building.build_trainer(cfg, tmp_path, log=lambda m: None)
     return err.value
 
 
@@ -160,7 +161,7 @@ def test_bad_values_in_a_yaml_file_too(text, key, tmp_path, no_model):
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(AgentRLError) as err:
-        local.build_trainer(load_config(path, [f"run_dir={tmp_path}"]), tmp_path, log=lambda m: None)
+        building.build_trainer(load_config(path, [f"run_dir={tmp_path}"]), tmp_path, log=lambda m: None)
     assert key in str(err.value) and "\n" not in str(err.value)
 
 
@@ -172,16 +173,16 @@ def test_the_shipped_configs_pass_the_model_free_checks(tmp_path, monkeypatch):
     def reached(*args, **kwargs):
         raise Reached
 
-    monkeypatch.setattr(local, "load_policy", reached)
+    monkeypatch.setattr(building, "load_policy", reached)
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         with pytest.raises(Reached):
-            local.build_trainer(load_config(path, [f"run_dir={tmp_path}"]), tmp_path, log=lambda m: None)
+            building.build_trainer(load_config(path, [f"run_dir={tmp_path}"]), tmp_path, log=lambda m: None)
 
 
 def test_seeds_at_both_ends_of_the_accepted_range_load():
     assert load_config(None, ["seed=0"]).seed == 0
     assert load_config(None, [f"seed={2**64 - 1}"]).seed == 2**64 - 1
-    local.seed_everything(2**64 - 1)  # what torch and numpy are given must be accepted by them
+    building.seed_everything(2**64 - 1)  # what torch and numpy are given must be accepted by them
 
 
 def test_agent_argument_of_the_wrong_type_names_the_argument(tmp_path, no_model):
@@ -190,7 +191,7 @@ def test_agent_argument_of_the_wrong_type_names_the_argument(tmp_path, no_model)
     cfg = load_config(ROOT / "configs" / "math_retry.yaml", ["agent.args.turn_discount=abc"])
     with pytest.raises(AgentRLError, match=r"^agent\.args\.turn_discount='abc' is rejected by agent type "
                                            r"'math_retry': '<' not supported"):
-        local.build_trainer(cfg, tmp_path, log=lambda m: None)
+        building.build_trainer(cfg, tmp_path, log=lambda m: None)
 
 
 # ------------------------------------------------------------------------- through the CLI
@@ -259,7 +260,7 @@ def test_an_agent_the_stand_in_cannot_build_is_left_to_the_real_build(tmp_path, 
     def reached(*args, **kwargs):
         raise Reached
 
-    monkeypatch.setattr(local, "load_policy", reached)
+    monkeypatch.setattr(building, "load_policy", reached)
     cfg = load_config(None, ["agent.type=needs_real_tokenizer", "agent.args.scale=2.0", f"run_dir={tmp_path}"])
     with pytest.raises(Reached):
-        local.build_trainer(cfg, tmp_path, log=lambda m: None)
+        building.build_trainer(cfg, tmp_path, log=lambda m: None)

@@ -23,9 +23,7 @@ The first failure raises `EnvCheckError` naming the env, the check and the offen
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
-import pkgutil
 import random
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -205,11 +203,8 @@ def check_env(make_env: Callable[[], Any], seeds: tuple[int, ...] = (0, 1, 2),
 
 
 def builtin_env_names() -> list[str]:
-    """Names of the envs registered by agentrl's own `agentrl.envs` modules (imports them all)."""
-    import agentrl.envs as package
-    from agentrl.registry import ENVS
+    """Names of the envs agentrl itself registers (registry.BUILTIN_MODULES)."""
+    from agentrl.registry import ENVS, load_builtins
 
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{module.name}")
-    return [name for name in ENVS.names()
-            if getattr(ENVS.get(name), "__module__", "").startswith(f"{package.__name__}.")]
+    load_builtins()
+    return [name for name in ENVS.names() if getattr(ENVS.get(name), "__module__", "").startswith("agentrl.envs.")]

@@ -11,7 +11,9 @@ from agentrl.errors import RolloutError
 from agentrl.metrics import read_jsonl
 from agentrl.registry import register_env
 from agentrl.runtime.envs import make_env_factories
-from agentrl.runtime.local import cache_root, load_policy, tiny_cache_key, train
+from agentrl.models.embedded import cache_root, tiny_cache_key
+from agentrl.runtime.local import train
+from agentrl.runtime.warm import load_policy
 
 from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
 

@@ -12,7 +12,9 @@ from agentrl.config import load_config
 from agentrl.errors import EnvError, RolloutError
 from agentrl.metrics import read_jsonl
 from agentrl.runtime.envs import make_env_factories
-from agentrl.runtime.local import cache_root, load_policy, tiny_cache_key, train
+from agentrl.models.embedded import cache_root, tiny_cache_key
+from agentrl.runtime.local import train
+from agentrl.runtime.warm import load_policy
 from bad_envs import FAULTS  # tests/ is on sys.path (conftest.py); importing registers bad_lake
 
 from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from agentrl.config import load_config
-from agentrl.runtime.local import tiny_cache_key
+from agentrl.models.embedded import tiny_cache_key
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 
@@ -19,3 +19,10 @@ def test_spelling_out_a_default_argument_keeps_the_key_and_changing_it_does_not(
     assert tiny_cache_key(load_config(None, ["env.args.max_steps=8", "env.args.is_slippery=false"])) == default
     assert tiny_cache_key(load_config(None, ["env.args.max_steps=9"])) != default
     assert tiny_cache_key(load_config(None, ["agent.type=math_retry", "env.type=math"])) != default
+
+
+def test_the_cache_key_is_pinned_so_cached_warm_starts_stay_valid():
+    # Computed before the embedded model moved to models/embedded.py. A change of the key
+    # rebuilds every user's cached model (minutes each): bump WARM_START_VERSION on purpose only.
+    assert tiny_cache_key(load_config(CONFIGS / "frozen_lake.yaml")) == "b543cada4bf0fa7d"
+    assert tiny_cache_key(load_config(CONFIGS / "mixed.yaml")) == "dd73d2af35246677"

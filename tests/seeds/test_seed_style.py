@@ -251,7 +251,7 @@ def test_the_embedded_default_gives_seed_agents_a_tokenizer_folder(tmp_path, dat
 
     from agentrl.config import load_config
     from agentrl.runtime.envs import make_env_factories
-    from agentrl.runtime.local import load_policy
+    from agentrl.runtime.warm import load_policy
 
     cfg = load_config(None, [f"imports=[{MODULE}]", "env.type=seed-math-code-single-step",
                              f"env.args.dataset_path={dataset}", "agent.type=seed-math-multi-turn", *TINY,
