@@ -228,9 +228,11 @@ class StreamSource:
         self._position = state.get("stream")
 
     def close(self) -> None:
-        """Cancel what is in flight and stop the thread."""
+        """Cancel what is in flight and stop the thread; the engine is the caller's again."""
         if self.stream is not None:
+            self._position = self.stream.state()
             self.stream.close()
+            self.stream = None
 
     def _on_engine(self, fn: Callable[[], Any]) -> Any:
         return fn() if self.stream is None else self.stream.call(fn)
