@@ -1,12 +1,15 @@
-"""Building the parts of a run from a config: model, engine, agents, collector, rollout source,
-actor (reference, critic) and the trainer that holds them. Where they run is the caller's
-business (runtime/local.py: all in this process)."""
+"""Building the parts of a run from a config, in three pieces: the policy (model, tokenizer,
+after every model-free check), the rollout side (engine, agents, collector, task source,
+rollout source) and the learning side (actor, reference, critic); then the trainer that holds
+them. Where they run is the caller's business: runtime/local.py runs all of them in this
+process; a runtime that places the engine elsewhere replaces `build_rollout`."""
 
 from __future__ import annotations
 
 import copy
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ from agentrl.llm.local import LocalEngine
 from agentrl.models.loading import DTYPES
 from agentrl.registry import load_builtins
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.rollout.source import rollout_source
+from agentrl.rollout.source import RolloutSource, rollout_source
 from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.envs import check_templates, make_budget, make_tag_specs
 from agentrl.runtime.preflight import preflight
@@ -47,23 +50,69 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+@dataclass
+class RunParts:
+    """Everything a trainer is made of, built from one config."""
+
+    tokenizer: Any
+    rollout: RolloutSource  # plays the episodes (holds the engine, collector and task source)
+    actor: Actor
+    reference: Reference | None
+    critic: Critic | None
+    eval_baselines: dict[str, Callable]
+
+
 def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print, tokenizer: Any = None) -> Trainer:
-    """Build env factories, model, engine, agents, collector, actor and trainer from `cfg`
-    (with `tokenizer` instead of the model's own when given)."""
+    """The trainer of `cfg`, with every part built here (with `tokenizer` instead of the model's
+    own when given)."""
+    parts = build_parts(cfg, log, tokenizer)
+    trainer = Trainer(cfg, parts.actor, parts.rollout, parts.tokenizer, run_dir, eval_baselines=parts.eval_baselines,
+                      reference=parts.reference, critic=parts.critic)
+    trainer.log = log
+    return trainer
+
+
+def build_parts(cfg: Config, log: Callable[[str], None] = print, tokenizer: Any = None) -> RunParts:
+    """Check the config, then build the policy, the rollout side and the learning side.
+
+    The order of the steps that draw random numbers is fixed: the same config and seed give
+    the same parts."""
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
+    model, tokenizer, factories = build_policy(cfg, log, tokenizer)
+    model.to(device)
+    seed_everything(cfg.seed)
+    rollout = build_rollout(cfg, model, tokenizer, factories, device)
+    actor, reference, critic = build_learners(cfg, model, device)
+    return RunParts(tokenizer, rollout, actor, reference, critic, eval_baselines(factories))
+
+
+def build_policy(cfg: Config, log: Callable[[str], None], tokenizer: Any = None) -> tuple[Any, Any, dict[str, Callable]]:
+    """(model, tokenizer, env factories per tag), after every check that needs no model."""
     load_builtins()
     factories = preflight(cfg)  # every model-free check, before the model is built or warm-started
     check_loss_mode(cfg.actor.policy_loss.loss_mode)  # after `imports`, which may register modes
     model, tokenizer = load_policy(cfg, factories, log, tokenizer)
     check_templates(cfg, tokenizer)
-    budget = make_budget(cfg, model_context(model))
-    model.to(device)
-    seed_everything(cfg.seed)
+    return model, tokenizer, factories
+
+
+def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, Callable],
+                  device: torch.device) -> RolloutSource:
+    """The engine (a copy of `model`), the agents and envs of every tag, and the rollout source
+    that plays them; a runtime that places the engine elsewhere replaces this."""
     engine_model = copy.deepcopy(model).to(device=device, dtype=DTYPES[cfg.model.dtype])
     engine = LocalEngine.from_config(engine_model, tokenizer, cfg.engine, cfg.rollout.max_model_len, seed=cfg.seed)
+    budget = make_budget(cfg, model_context(model))
     collector = RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget), engine,
                                  timeout=cfg.rollout.episode_timeout, max_retries=cfg.rollout.max_retries)
+    tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")), tuple(cfg.group_tags("val")))
+    return rollout_source(collector, engine, tasks, cfg.rollout.max_staleness,
+                          accept_stale=cfg.rollout.stale_samples == "correct")
+
+
+def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor, Reference | None, Critic | None]:
+    """The actor that updates `model`, and the reference and critic when the config uses them."""
     horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())  # most tokens an episode generates
     if cfg.rollout.max_episode_tokens:
         horizon = min(horizon, float(cfg.rollout.max_episode_tokens))
@@ -76,13 +125,7 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
     if cfg.critic.enable:
         seed_everything(cfg.seed)
         critic = Critic(ValueModel(model).to(device), cfg.critic, horizon)
-    tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")), tuple(cfg.group_tags("val")))
-    source = rollout_source(collector, engine, tasks, cfg.rollout.max_staleness,
-                            accept_stale=cfg.rollout.stale_samples == "correct")
-    trainer = Trainer(cfg, actor, source, tokenizer, run_dir, eval_baselines=eval_baselines(factories),
-                      reference=reference, critic=critic)
-    trainer.log = log
-    return trainer
+    return actor, reference, critic
 
 
 def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:
