@@ -112,12 +112,12 @@ class ActorConfig:
     clip_ratio_c: Optional[float] = 3.0
     """Dual-clip bound (> 1) for negative advantages, as verl; null turns it off."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-sum-token-sum-norm", "seq-mean-token-sum-norm"] = "token-mean"
-    """How token losses are averaged (verl's modes). seq-mean-token-sum-norm is verl's and Dr.
-    GRPO's: episodes' summed token losses, averaged over the mini-batch's episodes, /
-    loss_scale_factor; seq-sum-token-sum-norm is verl's legacy form, without the episode mean."""
+                           "seq-mean-token-sum-norm", "dr-grpo"] = "token-mean"
+    """How token losses are averaged (verl's modes). seq-mean-token-sum-norm is verl's: all
+    summed token losses / loss_scale_factor, no division by the number of episodes; dr-grpo is the
+    Dr. GRPO paper's (TRL's dr_grpo): the same, also averaged over the mini-batch's episodes."""
     loss_scale_factor: Optional[float] = None
-    """Constant divisor of the *-token-sum-norm modes; null = the most tokens an episode
+    """Constant divisor of seq-mean-token-sum-norm and dr-grpo; null = the most tokens an episode
     can generate (rollout.max_new_tokens * env.max_turns), our padded response length."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """Which policy loss (verl's actor.policy_loss)."""
@@ -163,5 +163,5 @@ class CriticConfig:
     grad_clip: float = 1.0
     """Max global grad norm; 0 turns clipping off."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-sum-token-sum-norm", "seq-mean-token-sum-norm"] = "token-mean"
+                           "seq-mean-token-sum-norm", "dr-grpo"] = "token-mean"
     """How token value losses are averaged (as actor.loss_agg_mode)."""

@@ -6,15 +6,14 @@ micro-batches: `aggregate` takes the mini-batch's token count, sequence count an
 gradient accumulation never reweights tokens (verl instead averages per micro-batch and scales
 by micro/mini batch size, which changes the weighting when micro-batches differ in length).
 
-seq-mean-token-sum-norm is verl's agg_loss as verl computes it today (PRs #4510 and #5417, 2025-12
-and 2026-02): each sequence's summed token losses, averaged over the mini-batch's sequences, divided
-by `horizon` (verl's loss_scale_factor; verl's default is the padded response length
-loss_mask.shape[-1], ours the most tokens an episode can generate). It is the Dr. GRPO paper's
-(1/G) sum_i sum_t loss / MAX_TOKENS. seq-sum-token-sum-norm is verl's older form (its legacy
-engine, before PR #4510): the mini-batch's summed token losses / horizon with no division by the
-number of sequences, so the step grows with the batch; verl's legacy dp_actor also divided each
-micro-batch's loss by the micro-batch count, ours is its value at micro_batch_size =
-ppo_mini_batch_size whatever the split.
+seq-mean-token-sum-norm is verl's agg_loss as verl computes it (verl PR #5366, 2026-02, which
+made it parallelism-invariant): the mini-batch's summed masked token losses divided by `horizon`
+(verl's loss_scale_factor; verl's default is the padded response length loss_mask.shape[-1], ours
+the most tokens an episode can generate), with no division by the number of sequences, so the step
+grows with the batch. verl's legacy dp_actor also divided each micro-batch's loss by the
+micro-batch count; ours is its value at micro_batch_size = ppo_mini_batch_size whatever the split.
+dr-grpo is the Dr. GRPO paper's formula (TRL's loss_type="dr_grpo"): the same divided by the number
+of sequences, (1/G) sum_i sum_t loss / MAX_TOKENS, whose step does not grow with the batch.
 
 PPO clipped surrogate (Schulman et al. 2017), asymmetric as in DAPO, dual-clip as in Ye et al.
 2020, all as verl's compute_policy_loss:
@@ -32,8 +31,8 @@ import torch
 if TYPE_CHECKING:
     from agentrl.config import PolicyLossConfig
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-sum-token-sum-norm",
-             "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+             "dr-grpo")
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
@@ -43,10 +42,10 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
 
     token-mean: sum / tokens. seq-mean-token-sum: mean over sequences of each one's token sum.
     seq-mean-token-mean: mean over sequences of each one's token mean. seq-mean-token-sum-norm
-    (verl's agg_loss, Dr. GRPO): mean over sequences of each one's token sum, / `horizon`, a
-    constant (verl's loss_scale_factor; default the mask's last dimension, as verl).
-    seq-sum-token-sum-norm (verl's legacy form): the same without the division by the number
-    of sequences. Sequences without generated ids do not
+    (verl's agg_loss): all token sums / `horizon`, a constant (verl's loss_scale_factor; default
+    the mask's last dimension, as verl), no division by the number of sequences. dr-grpo (the
+    Dr. GRPO paper, TRL's dr_grpo): the same, also divided by the number of sequences. Sequences
+    without generated ids do not
     count. Counts default to this batch's own; pass the mini-batch's when this is one
     micro-batch of it.
     """
@@ -64,7 +63,7 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
     if mode == "seq-mean-token-mean":
         return (seq_sums / lengths.clamp(min=1.0)).sum() / seqs
     norm = horizon if horizon is not None else float(mask.shape[-1])
-    if mode == "seq-sum-token-sum-norm":
+    if mode == "seq-mean-token-sum-norm":
         return seq_sums.sum() / norm
     return seq_sums.sum() / (seqs * norm)
 

@@ -39,9 +39,9 @@ def aggregate(loss: Rows, mask: Rows, mode: str, horizon: float) -> float:
         return sum(sums.values()) / n
     if mode == "seq-mean-token-mean":
         return sum(sums[b] / len(on[b]) for b in rows) / n
-    if mode == "seq-sum-token-sum-norm":
-        return sum(sums.values()) / horizon
     if mode == "seq-mean-token-sum-norm":
+        return sum(sums.values()) / horizon
+    if mode == "dr-grpo":
         return sum(sums.values()) / (n * horizon)
     raise ValueError(mode)
 
@@ -56,8 +56,8 @@ def token_weights(mask: Rows, mode: str, horizon: float) -> Rows:
         for t in on[b]:
             out[b][t] = {"token-mean": 1.0 / tokens, "seq-mean-token-sum": 1.0 / n,
                          "seq-mean-token-mean": 1.0 / (n * len(on[b])),
-                         "seq-sum-token-sum-norm": 1.0 / horizon,
-                         "seq-mean-token-sum-norm": 1.0 / (n * horizon)}[mode]
+                         "seq-mean-token-sum-norm": 1.0 / horizon,
+                         "dr-grpo": 1.0 / (n * horizon)}[mode]
     return out
 
 

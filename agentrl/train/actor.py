@@ -78,7 +78,7 @@ class Actor:
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
-        # the *-token-sum-norm modes divide by a constant: the configured one or the longest reply.
+        # seq-mean-token-sum-norm and dr-grpo divide by a constant: the configured one or the longest reply.
         self.horizon = cfg.loss_scale_factor or horizon
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)

@@ -1,6 +1,6 @@
-"""actor.loss_agg_mode=seq-mean-token-sum-norm means verl's agg_loss as verl computes it since its
-PRs #4510/#5417: episodes' summed token losses, averaged over episodes, / horizon (Dr. GRPO);
-seq-sum-token-sum-norm is verl's legacy form, summed token losses / horizon.
+"""actor.loss_agg_mode=seq-mean-token-sum-norm means verl's agg_loss (verl PR #5366): every summed
+token loss of the mini-batch / horizon (loss_scale_factor), with no division by the number of
+sequences; dr-grpo (the Dr. GRPO paper, TRL's dr_grpo) also averages over the sequences.
 
 By hand on small tensors, through the loop reference, and through the actor, where the policy
 term, the KL loss term and the entropy term all use the mode (issue 14, item 2).
@@ -21,27 +21,27 @@ LOSS = [[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0], [9.0, 9.0, 9.0, 9.0]]
 MASK = [[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]  # row 2: no generated id
 
 
-def test_legacy_mode_sums_every_token_loss_over_the_horizon():
+def test_verl_mode_sums_every_token_loss_over_the_horizon():
     loss = torch.tensor(LOSS, requires_grad=True)
-    # verl's legacy form: (1 + 2 + 3 + 4) / loss_scale_factor 8; no division by the 2 sequences
-    value = aggregate(loss, torch.tensor(MASK), "seq-sum-token-sum-norm", horizon=8.0)
+    # verl's agg_loss: (1 + 2 + 3 + 4) / loss_scale_factor 8; no division by the 2 sequences
+    value = aggregate(loss, torch.tensor(MASK), "seq-mean-token-sum-norm", horizon=8.0)
     assert value.item() == pytest.approx(10 / 8)
     value.backward()
     assert torch.equal(loss.grad, torch.tensor(MASK) / 8)  # each generated token counts 1/8
     # verl's default divisor is the mask's last dimension (its padded response length): 4 here
-    assert float(aggregate(torch.tensor(LOSS), torch.tensor(MASK), "seq-sum-token-sum-norm")) == pytest.approx(10 / 4)
+    assert float(aggregate(torch.tensor(LOSS), torch.tensor(MASK), "seq-mean-token-sum-norm")) == pytest.approx(10 / 4)
 
 
-def test_verl_mode_averages_sequence_sums_over_the_horizon():
+def test_dr_grpo_mode_averages_sequence_sums_over_the_horizon():
     loss = torch.tensor(LOSS, requires_grad=True)
-    got = aggregate(loss, torch.tensor(MASK), "seq-mean-token-sum-norm", horizon=8.0)
+    got = aggregate(loss, torch.tensor(MASK), "dr-grpo", horizon=8.0)
     assert got.item() == pytest.approx(10 / (2 * 8))  # two sequences with generated ids
     got.backward()
     assert torch.equal(loss.grad, torch.tensor(MASK) / 16)  # each generated token counts 1/(2 * 8)
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                                  "seq-sum-token-sum-norm", "seq-mean-token-sum-norm"])
+                                  "seq-mean-token-sum-norm", "dr-grpo"])
 def test_aggregate_matches_the_loop_reference(mode):
     torch.manual_seed(0)
     loss = torch.randn(4, 6)
@@ -73,30 +73,31 @@ def _batch(n: int) -> Batch:
 
 
 @pytest.mark.parametrize("term", ["policy", "kl", "entropy"])
-def test_actor_terms_of_the_legacy_mode_are_not_divided_by_the_sequence_count(term):
-    # Three identical sequences. Under the legacy mode each term is 3x verl's current form's, so
-    # are the loss and the gradient norm: nothing is divided by the number of sequences.
+def test_actor_terms_of_the_verl_mode_are_not_divided_by_the_sequence_count(term):
+    # Three identical sequences. Under verl's mode each term is 3x the Dr. GRPO form's, so are
+    # the loss and the gradient norm: nothing is divided by the number of sequences.
     extra = {"policy": {}, "kl": {"use_kl_loss": True, "kl_loss_coef": 1.0},
              "entropy": {"entropy_coeff": 1.0}}[term]
     out = {}
-    for mode in ("seq-sum-token-sum-norm", "seq-mean-token-sum-norm"):
+    for mode in ("seq-mean-token-sum-norm", "dr-grpo"):
         batch = _batch(3)
         if term != "policy":
             batch.advantages = torch.zeros_like(batch.advantages)  # leave only the tested term
         cfg = ActorConfig(lr=0.0, loss_agg_mode=mode, loss_scale_factor=8.0, grad_clip=0.0,
                           ppo_mini_batch_size=3, micro_batch_size=1, **extra)
         out[mode] = Actor(BiasModel(), cfg, temperature=1.0).update(batch)
-    legacy, verl = out["seq-sum-token-sum-norm"], out["seq-mean-token-sum-norm"]
-    assert legacy["loss/policy"] != 0.0
-    assert legacy["loss/policy"] == pytest.approx(3 * verl["loss/policy"], rel=1e-6)
-    assert legacy["policy/grad_norm"] == pytest.approx(3 * verl["policy/grad_norm"], rel=1e-6)
+    verl, drgrpo = out["seq-mean-token-sum-norm"], out["dr-grpo"]
+    assert verl["loss/policy"] != 0.0
+    assert verl["loss/policy"] == pytest.approx(3 * drgrpo["loss/policy"], rel=1e-6)
+    assert verl["policy/grad_norm"] == pytest.approx(3 * drgrpo["policy/grad_norm"], rel=1e-6)
 
 
-@pytest.mark.parametrize("mode, want", [("seq-mean-token-sum-norm", -0.5 * 6 / (2 * 8)),
-                                        ("seq-sum-token-sum-norm", -0.5 * 6 / 8)])
+@pytest.mark.parametrize("mode, want", [("dr-grpo", -0.5 * 6 / (2 * 8)),
+                                        ("seq-mean-token-sum-norm", -0.5 * 6 / 8)])
 def test_actor_policy_loss_by_hand(mode, want):
     # Two sequences of 3 generated ids, logp == old (ratio 1), A = 0.5: each token's loss is -0.5;
-    # verl: (-0.5 * 3 - 0.5 * 3) / 2 sequences / loss_scale_factor 8, whatever the micro-batch split.
+    # verl: (-0.5 * 3 - 0.5 * 3) / loss_scale_factor 8; Dr. GRPO also / 2 sequences; whatever the
+    # micro-batch split.
     batch = _batch(2)
     model = BiasModel()
     with torch.no_grad():

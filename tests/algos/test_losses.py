@@ -79,8 +79,8 @@ MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
     ("token-mean", (1 + 2 + 3 + 4) / 4),                 # 10 / 4 tokens
     ("seq-mean-token-sum", (6 + 4) / 2),                 # mean of sequence sums
     ("seq-mean-token-mean", (6 / 3 + 4 / 1) / 2),        # mean of sequence means
-    ("seq-sum-token-sum-norm", (6 + 4) / 8.0),          # verl's legacy agg_loss: all sums / horizon 8
-    ("seq-mean-token-sum-norm", (6 + 4) / (2 * 8.0)),  # verl's agg_loss, Dr. GRPO: / (seqs * horizon)
+    ("seq-mean-token-sum-norm", (6 + 4) / 8.0),          # verl's agg_loss: all sums / horizon 8
+    ("dr-grpo", (6 + 4) / (2 * 8.0)),                    # Dr. GRPO: / (seqs * horizon)
 ])
 def test_aggregation_modes_hand_computed(mode, expected):
     assert float(aggregate(LOSS, MASK, mode, horizon=8.0)) == pytest.approx(expected)
@@ -93,7 +93,7 @@ def test_empty_sequences_do_not_count_in_seq_modes():
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                                  "seq-sum-token-sum-norm", "seq-mean-token-sum-norm"])
+                                  "seq-mean-token-sum-norm", "dr-grpo"])
 def test_micro_batches_with_minibatch_counts_sum_to_the_whole(mode):
     whole = aggregate(LOSS, MASK, mode, horizon=8.0)
     counts = {"num_tokens": float(MASK.sum()), "num_seqs": 2.0, "horizon": 8.0}
@@ -130,7 +130,7 @@ def test_masked_tokens_get_exactly_zero_gradient():
     old = logp.detach() + torch.randn(2, 5)
     adv = torch.randn(2, 5)
     mask = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 1.0, 0.0]])
-    for mode in ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-sum-token-sum-norm"]:
+    for mode in ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]:
         logp.grad = None
         loss, _ = ppo_policy_loss(logp, old, adv, mask, loss_agg_mode=mode, clip_ratio_c=3.0)
         loss.backward()

@@ -86,8 +86,8 @@ def test_vanilla_is_todays_ppo_loss():
 
 
 # ------------------------------------------------------------------ against the loop reference
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-sum-token-sum-norm",
-         "seq-mean-token-sum-norm"]
+MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+         "dr-grpo"]
 
 
 def _random(seed):

@@ -22,7 +22,7 @@ def cache_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("loss_mode, estimator, agg", [
     ("gspo", "opo", "token-mean"),
-    ("cispo", "grpo_passk", "seq-sum-token-sum-norm"),
+    ("cispo", "grpo_passk", "seq-mean-token-sum-norm"),
 ])
 def test_run_trains_with_verl_named_loss_and_estimator(tmp_path, cache_dir, loss_mode, estimator, agg):
     cfg = load_config(ROOT / "configs/frozen_lake.yaml",
