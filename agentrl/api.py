@@ -113,15 +113,16 @@ def _config(config: ConfigSource, overrides: Sequence[str] | Mapping[str, Any]) 
 
 
 def fit(config: ConfigSource = None, agent_cls: Any = None, env_cls: Any = None, tokenizer: Any = None, *,
-          overrides: Sequence[str] | Mapping[str, Any] = (), resume: bool = False,
+          overrides: Sequence[str] | Mapping[str, Any] = (), resume: bool = False, overwrite: bool = False,
           log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train: `config` (a Config, dict or YAML path) with `overrides`; `agent_cls` / `env_cls`
     play the agent and env sections; `tokenizer` replaces the model's own (the embedded tiny
-    model is then built on it). Returns the run's summary."""
+    model is then built on it); `overwrite` starts over in a run folder that holds a run (as the
+    CLI's --overwrite). Returns the run's summary."""
     from agentrl.runtime.local import train as run
 
     cfg = with_classes(_config(config, overrides), agent_cls, env_cls)
-    return run(cfg, resume=resume, log=log, tokenizer=tokenizer)
+    return run(cfg, resume=resume, log=log, tokenizer=tokenizer, overwrite=overwrite)
 
 
 class AgentTrainer:
@@ -132,17 +133,18 @@ class AgentTrainer:
 
     def __init__(self, config: ConfigSource = None, tokenizer: Any = None, agent_cls: Any = None,
                  env_cls: Any = None, *, overrides: Sequence[str] | Mapping[str, Any] = (), resume: bool = False,
-                 log: Callable[[str], None] = print, **kwargs: Any) -> None:
+                 overwrite: bool = False, log: Callable[[str], None] = print, **kwargs: Any) -> None:
         unknown = [k for k in kwargs if k not in VERL_ARGS]
         if unknown:
             raise ConfigError(f"AgentTrainer: unknown argument '{unknown[0]}'; accepted: config, tokenizer, "
-                              f"agent_cls, env_cls, overrides, resume, log (and verl's {', '.join(VERL_ARGS)}, ignored)")
+                              f"agent_cls, env_cls, overrides, resume, overwrite, log (and verl's {', '.join(VERL_ARGS)}, ignored)")
         if kwargs:
             log(f"AgentTrainer: ignoring {', '.join(kwargs)} (verl's Ray workers and reward functions: agentrl "
                 "builds its parts in this process and takes rewards from the env)")
         self.config = with_classes(_config(config, overrides), agent_cls, env_cls)
         self.tokenizer = tokenizer
         self.resume = resume
+        self.overwrite = overwrite
         self.log = log
         self.trainer = None
         self._run = ExitStack()
@@ -153,7 +155,8 @@ class AgentTrainer:
         from agentrl.runtime.local import open_run
 
         self._run = ExitStack()  # holds the run folder's lock until fit() ends
-        self.trainer = self._run.enter_context(open_run(self.config, self.resume, self.log, self.tokenizer))
+        self.trainer = self._run.enter_context(open_run(self.config, self.resume, self.log, self.tokenizer,
+                                                                 self.overwrite))
 
     def fit(self) -> dict[str, Any]:
         """Train to `trainer.total_steps` (building the parts first if `init_workers` was not

@@ -59,6 +59,18 @@ class TokenRecord:
             raise AssertionError("set_turn_reward before any completion")
         self.rewards[-1] = float(reward)
 
+    def add_turn_reward(self, reward: float) -> None:
+        """Add a reward to the latest turn's (an env step after a turn's reply)."""
+        if not self.rewards:
+            raise AssertionError("add_turn_reward before any completion")
+        self.rewards[-1] += float(reward)
+
+    def set_rewards(self, rewards: Sequence[float]) -> None:
+        """Replace every turn's reward at once (an agent's own reward shaping, one per turn)."""
+        if len(rewards) != len(self.rewards):
+            raise AssertionError(f"{len(rewards)} rewards for {len(self.rewards)} turns")
+        self.rewards[:] = [float(r) for r in rewards]
+
     def truncate(self, length: int) -> None:
         """Drop the ids past `length`; they must all be ids we wrote (no reply is ever dropped)."""
         assert sum(self.loss_mask[length:]) == 0, "truncate would drop generated ids"

@@ -75,6 +75,21 @@ def test_the_readme_example_trains_with_an_env_class_passed_directly(tmp_path, c
     assert "eval_success_after" in summary_b and trainer.config.env.type == "ParityEnv"
 
 
+def test_the_readme_block_runs_as_written(tmp_path, cache_dir, monkeypatch):
+    """The README's Python example, run as a user pastes it (only the budget made tiny): both ways
+    train into the same run folder, the second with overwrite=True."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```python\nimport random\nfrom agentrl import AgentTrainer")
+    block = text[start + len("```python\n"):text.index("```", start + 3)]
+    assert '["trainer.total_steps=20"]' in block
+    block = block.replace('["trainer.total_steps=20"]', repr([*TINY, f"model.cache_dir={cache_dir}"]))
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert "eval_success_after" in scope["summary"]
+    assert json.loads((tmp_path / "runs" / "parity" / "summary.json").read_text())["steps"] == 2
+
+
 def test_train_with_an_agent_class_and_a_given_tokenizer(tmp_path, cache_dir, tiny_tokenizer):
     example = _example()
     from agentrl.agents.chat import ChatAgent

@@ -118,6 +118,22 @@ def test_old_rollout_names_still_work_with_a_one_line_warning(tmp_path, capsys):
     assert "rollout.max_num_seqs is deprecated; use engine.max_num_seqs" in err[-1]
 
 
+@pytest.mark.parametrize("key, value", [("max_num_seqs", 8), ("max_num_batched_tokens", 1024),
+                                        ("max_total_tokens", 512), ("enable_prefix_caching", False),
+                                        ("kv_on_weight_update", "keep")])
+def test_every_moved_engine_name_still_loads_with_one_warning(tmp_path, capsys, key, value):
+    import agentrl.config as config
+
+    config._WARNED.clear()
+    path = tmp_path / "old.yaml"
+    path.write_text(f"rollout:\n  {key}: {str(value).lower() if isinstance(value, bool) else value}\n")
+    assert getattr(load_config(path).engine, key) == value
+    assert getattr(load_config(None, [f"rollout.{key}={value}"]).engine, key) == value
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"agentrl: warning: rollout.{key} is deprecated; use engine.{key} (the old name will be "
+                   "removed in the next release)"]
+
+
 def test_old_and_new_names_that_disagree_are_one_error(tmp_path):
     path = tmp_path / "both.yaml"
     path.write_text("rollout:\n  max_num_seqs: 8\nengine:\n  max_num_seqs: 16\n")

@@ -45,3 +45,19 @@ def test_a_trajectory_from_a_record_carries_the_task_and_its_typed_outcome():
     assert t.success and t.truncated and t.truncation_reason == "max_turns"
     assert t.total_reward == 1.0 and t.num_turns == 1 and t.num_generated == 1
     assert t.info == {"metrics": {"steps": 1}} and t.reset_info == {}
+
+
+def test_turn_rewards_are_added_to_or_replaced_through_the_record():
+    rec = TokenRecord()
+    rec.append_prompt([1])
+    rec.append_generated([2], [-0.1], [0])
+    rec.add_turn_reward(0.5)
+    rec.add_turn_reward(0.25)  # a second env step after the same reply adds to it
+    rec.append_generated([3], [-0.2], [0])
+    assert rec.rewards == [0.75, 0.0]
+    rec.set_rewards([1, 2])  # an agent's own shaping, one per turn
+    assert rec.rewards == [1.0, 2.0] and all(isinstance(r, float) for r in rec.rewards)
+    with pytest.raises(AssertionError, match="1 rewards for 2 turns"):
+        rec.set_rewards([1.0])
+    with pytest.raises(AssertionError, match="before any completion"):
+        TokenRecord().add_turn_reward(1.0)

@@ -102,7 +102,7 @@ class _EnvView:
             raise EnvError("seed-style agent stepped its env before generating anything")
         rewards, info = out[1], (out[4] if len(out) > 4 and isinstance(out[4], dict) else {})
         first = rewards[0] if isinstance(rewards, (list, tuple)) else rewards
-        self._record.rewards[-1] += float(first)
+        self._record.tokens.add_turn_reward(float(first))
         self._record.last_step = (float(first), info)
         return out
 
@@ -245,12 +245,12 @@ class SeedAgentAdapter:
                 rewards = [float(r) for r in result["rewards"]]
                 if len(rewards) != len(record.rewards):
                     raise EnvError(f"seed-style agent returned {len(rewards)} rewards for {len(record.rewards)} turns")
-                record.tokens.rewards[:] = rewards
+                record.tokens.set_rewards(rewards)
             info.update(result.get("info") or {})
         elif isinstance(result, (list, tuple)) and result:
             rewards = [_sample_reward(x) for x in result]
             if len(rewards) == len(record.rewards) and None not in rewards:
-                record.tokens.rewards[:] = rewards  # AReaL's samples, one per turn, carry the agent's reward shaping
+                record.tokens.set_rewards(rewards)  # AReaL's samples, one per turn, carry the agent's reward shaping
             else:
                 reason_text = (f"{len(result)} samples for {len(record.rewards)} turns" if None not in rewards
                                else "samples without a 'rewards' entry")

@@ -1,6 +1,6 @@
 """The training loop: each step is a short list of named stages, in the order data moves.
 
-    collect -> pack -> score -> reward -> advantages -> update -> sync -> log -> (evaluate) -> (checkpoint)
+    collect -> pack -> score -> reward -> advantages -> update -> sync -> (evaluate) -> log -> (checkpoint)
 
 `collect` asks the rollout source for the step's groups and applies the group filters (DAPO
 dynamic sampling, RAGEN variance filter); `score` recomputes the trainer's logprobs (the

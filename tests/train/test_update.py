@@ -43,7 +43,8 @@ def _update(model, mode, micro, mini=4, epochs=1, lr=0.1):
     return model, stats, batch, len(steps)
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "dr-grpo"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                                  "dr-grpo"])
 @pytest.mark.parametrize("micro", [1, 2])
 def test_micro_batches_accumulate_to_the_update_of_one_big_batch(tiny_model, mode, micro):
     whole, whole_stats, _, _ = _update(tiny_model, mode, micro=4)
