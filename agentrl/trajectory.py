@@ -21,6 +21,7 @@ class Task:
     sampling_seed: int
     greedy: bool = False
     tag: str = ""  # the env definition (custom_envs name) this episode plays; metrics go under it
+    baseline: bool = False  # a greedy episode played for its reward only: its group's ReMax baseline
 
 
 @dataclass
@@ -119,6 +120,8 @@ class Trajectory:
     truncated_replies: int = 0  # replies cut off at their token limit
     tag: str = ""
     reset_info: dict[str, Any] = field(default_factory=dict)
+    baseline: bool = False  # played for its reward only (ReMax's greedy rollout): never trained
+    reward_baseline: float | None = None  # its group's greedy-rollout reward (ReMax), when one was played
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

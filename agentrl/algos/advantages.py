@@ -9,7 +9,9 @@ Every estimator takes
     state_ids      (B, T) int64 or None: id of the env state each generated token's turn started
                    from (unique per group), -1 elsewhere, for step-level baselines
 and returns (advantages, returns), both (B, T) float32 and zero where response_mask is 0.
-The trainer calls `compute_advantages(name, ...)` and never special-cases a name.
+The trainer calls `compute_advantages(name, ...)` and never special-cases a name. An estimator
+whose function has `greedy_baseline = True` (ReMax) makes the run play one greedy episode per
+group, and also receives `reward_baselines` (B,) float32: the reward of its group's greedy episode.
 
 ## Credit (`config.credit`)
 - `token`: verl's semantics exactly. Rewards stay where they are; recursions run over generated
@@ -59,12 +61,21 @@ def compute_advantages(
     values: torch.Tensor | None,
     config: AlgorithmConfig,
     state_ids: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the estimator registered under `name` (credit=outcome first moves rewards to the end)."""
+    """Run the estimator registered under `name` (credit=outcome first moves rewards to the end);
+    `reward_baselines` (B,) reach the estimators that asked for a greedy baseline."""
     fn = ESTIMATORS.get(name)
     if config.credit == "outcome":
         token_rewards = outcome_rewards(token_rewards, response_mask)
+    if uses_greedy_baseline(name):
+        return fn(token_rewards, response_mask, index, values, config, state_ids, reward_baselines=reward_baselines)
     return fn(token_rewards, response_mask, index, values, config, state_ids)
+
+
+def uses_greedy_baseline(name: str) -> bool:
+    """Whether the estimator `name` needs one greedy episode per group as its baseline (ReMax)."""
+    return bool(getattr(ESTIMATORS.get(name), "greedy_baseline", False))
 
 
 @register_estimator("grpo")

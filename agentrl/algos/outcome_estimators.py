@@ -20,13 +20,12 @@ is no per-turn baseline here, unlike grpo/rloo under turn credit.
   (verl's f_norm = 1). Group of one: mean 0.
 - remax (Li et al. 2023, ReMax, arXiv 2310.10505; verl compute_remax_outcome_advantage):
   A_t = R_t - b with R_t the reward-to-go (verl: reverse cumulative sum of the masked rewards,
-  no discount; under turn credit the turn return G_k) and b a baseline reward. verl's b is the
-  reward of a greedy rollout of the same prompt, made by its trainer; the estimator signature
-  carries no such rollout and every episode of our groups is sampled, so our `remax` takes the
-  mean score of the group's other episodes as b (independent of the episode, hence unbiased,
-  as the greedy reward; 0 for a group of one). Under outcome credit its advantages therefore
-  equal rloo's; its returns are the reward-to-go. `remax_advantages` takes any (B,) baseline,
-  e.g. greedy rewards, and is verl's formula exactly (masked to generated ids).
+  no discount; under turn credit the turn return G_k) and b the reward of a greedy rollout of
+  the same task, as verl: `remax.greedy_baseline = True` makes the run play one greedy episode
+  per group (same env seed; it is not trained) and pass its reward sum as `reward_baselines`.
+  Called without baselines (a row with NaN, or None), b falls back to the mean score of the
+  group's other episodes (independent of the episode, hence still unbiased; 0 for a group of
+  one). `remax_advantages` is verl's formula exactly (masked to generated ids).
 """
 
 from __future__ import annotations
@@ -118,14 +117,22 @@ def remax_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
 @register_estimator("remax")
 def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
           values: torch.Tensor | None, config: AlgorithmConfig,
-          state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReMax with the group's leave-one-out mean score as the baseline (no greedy rollout), (B, T)."""
+          state_ids: torch.Tensor | None = None,
+          reward_baselines: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax: return minus the group's greedy-rollout reward (the leave-one-out mean score where a
+    row has none), (B, T)."""
     scores = episode_scores(token_rewards, response_mask, config)
     group = _groups(index)
     count, mean, _ = group_stats(scores, group)
     n = count[group]
     baseline = torch.where(n > 1, (mean[group] * n - scores) / (n - 1).clamp(min=1), torch.zeros_like(scores))
+    if reward_baselines is not None:
+        greedy = reward_baselines.to(scores.dtype)
+        baseline = torch.where(torch.isnan(greedy), baseline, greedy)
     if config.credit == "turn":
         returns = turn_returns(token_rewards, response_mask, config.gamma)
         return (returns - baseline.unsqueeze(-1)) * response_mask, returns
     return remax_advantages(token_rewards, response_mask, baseline)
+
+
+remax.greedy_baseline = True  # the run plays one greedy episode per group for it (verl)

@@ -243,7 +243,7 @@ class RolloutCollector:
             guarded = _GuardedEnv(env, bool(getattr(spec.agent, "per_answer_rewards", False)))
             traj = await spec.agent.run_episode(task, guarded, self.llm)
             # Set here, not by each agent: every agent's episodes carry what metrics and baselines read.
-            traj.tag, traj.reset_info = task.tag, guarded.reset_info
+            traj.tag, traj.reset_info, traj.baseline = task.tag, guarded.reset_info, task.baseline
             return traj
         finally:
             try:

@@ -6,6 +6,8 @@
   groups of a further generation batch).
 - `top_variance_groups` is RAGEN's variance filter (`rollout.rollout_filter_ratio`): keep the
   fraction of groups whose rewards vary most, the ones with the most to teach.
+- `split_greedy_baselines` takes ReMax's greedy episode out of each group (it is not trained)
+  and hands its reward to the group's sampled episodes as their baseline.
 """
 
 from __future__ import annotations
@@ -25,6 +27,19 @@ def groups_of(trajs: list[Trajectory]) -> Groups:
     for t in trajs:
         groups.setdefault(t.group_id, []).append(t)
     return list(groups.values())
+
+
+def split_greedy_baselines(groups: Groups) -> Groups:
+    """ReMax: each group's greedy episode (`baseline`) leaves the group, and its reward becomes
+    the `reward_baseline` of the group's sampled episodes (verl's reward_baselines)."""
+    out = []
+    for g in groups:
+        greedy = [t for t in g if t.baseline]
+        sampled = [t for t in g if not t.baseline]
+        for t in sampled:
+            t.reward_baseline = greedy[0].total_reward if greedy else None
+        out.append(sampled)
+    return out
 
 
 def group_metric(t: Trajectory, metric: Literal["success", "reward"]) -> float:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from agentrl.llm.engine import InferenceEngine
 from agentrl.rollout.collector import CollectResult, RolloutCollector
-from agentrl.rollout.filters import Groups, groups_of
+from agentrl.rollout.filters import Groups, groups_of, split_greedy_baselines
 from agentrl.rollout.stream import RolloutStream
 from agentrl.rollout.tasks import TaskSource
 
@@ -91,6 +91,7 @@ def fill_step(next_batch: Callable[[int], tuple[Groups, CollectResult, int]], ne
     dropped = stale = 0
     for attempt in range(max(1, max_batches)):
         groups, result, n_stale = next_batch(attempt)
+        groups = split_greedy_baselines(groups)  # ReMax's greedy episodes are baselines, not samples
         total.absorb(result)
         stale += n_stale
         informative = keep(groups) if keep is not None else groups

@@ -29,6 +29,7 @@ class TaskSource:
     group_size: int  # episodes per group (one env seed)
     train_tags: tuple[str, ...]  # the env definition of each group of a step: one entry per group
     val_tags: tuple[str, ...] = ("",)  # the env definition of each evaluation episode
+    greedy_baselines: bool = False  # ReMax: each training group also plays one greedy episode, its baseline
 
     @property
     def n_groups(self) -> int:
@@ -40,6 +41,11 @@ class TaskSource:
         of that step (DAPO's dynamic sampling), with fresh env seeds and group ids of its own."""
         tasks = make_tasks(self.seed, step + attempt * GEN_BATCH_STRIDE, self.n_groups, self.group_size,
                            tags=self.train_tags)
+        if self.greedy_baselines:  # after each group's sampled episodes: its greedy one (same env seed)
+            per_group = [tasks[g * self.group_size:(g + 1) * self.group_size] for g in range(self.n_groups)]
+            tasks = [t for group in per_group
+                     for t in [*group, replace(group[0], greedy=True, baseline=True,
+                                               sampling_seed=mix(group[0].sampling_seed, 0))]]
         # Group ids stay distinct across generation batches: baselines are per group.
         return [replace(t, group_id=t.group_id + attempt * self.n_groups) for t in tasks]
 
@@ -47,8 +53,7 @@ class TaskSource:
         """Group `index` of the stream (asynchronous rollout): the same env seeds as on-policy
         step index // n_groups + 1 plays, so both modes train on one sequence of tasks."""
         step, g = divmod(index, self.n_groups)
-        tasks = self.step(step + 1)[g * self.group_size:(g + 1) * self.group_size]
-        return [replace(t, group_id=index) for t in tasks]
+        return [replace(t, group_id=index) for t in self.step(step + 1) if t.group_id == g]
 
     def evaluation(self) -> list[Task]:
         """The held-out evaluation episodes: one greedy episode per entry of `val_tags`, the same

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.algos.advantages import uses_greedy_baseline
 from agentrl.algos.policy_losses import check_loss_mode
 from agentrl.config import Config
 from agentrl.envs.service import close_env
@@ -106,7 +107,8 @@ def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, 
     budget = make_budget(cfg, model_context(model))
     collector = RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget), engine,
                                  timeout=cfg.rollout.episode_timeout, max_retries=cfg.rollout.max_retries)
-    tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")), tuple(cfg.group_tags("val")))
+    tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")), tuple(cfg.group_tags("val")),
+                       greedy_baselines=uses_greedy_baseline(cfg.algorithm.adv_estimator))
     return rollout_source(collector, engine, tasks, cfg.rollout.max_staleness,
                           accept_stale=cfg.rollout.stale_samples == "correct")
 

@@ -27,6 +27,7 @@ class Batch:
     values: torch.Tensor | None = None  # (B, T) critic values before the update
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
+    reward_baselines: torch.Tensor | None = None  # (B,) float32, the group's greedy-rollout reward (ReMax); NaN: none
 
     @property
     def size(self) -> int:
@@ -86,4 +87,8 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
     # Position 0 can never be predicted (no context): keep it out of every loss.
     mask[:, 0] = 0.0
     state_ids[mask == 0] = -1
-    return Batch(ids, attn, mask, logp, rewards, versions, index, state_ids)
+    baselines = None
+    if any(t.reward_baseline is not None for t in trajectories):
+        baselines = torch.tensor([float("nan") if t.reward_baseline is None else t.reward_baseline
+                                  for t in trajectories], dtype=torch.float32)
+    return Batch(ids, attn, mask, logp, rewards, versions, index, state_ids, reward_baselines=baselines)

@@ -195,7 +195,8 @@ class Trainer:
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Advantages and returns from the configured estimator."""
         return compute_advantages(self.cfg.algorithm.adv_estimator, batch.token_rewards, batch.loss_mask,
-                                  batch.group_index, batch.values, self.cfg.algorithm, batch.state_ids)
+                                  batch.group_index, batch.values, self.cfg.algorithm, batch.state_ids,
+                                  reward_baselines=batch.reward_baselines)
 
     def sync(self) -> None:
         """Push the updated weights to the engine, so the next rollouts use them."""
@@ -325,7 +326,11 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
     rewards = torch.tensor([t.total_reward for t in trajs])
     mask = batch.loss_mask
     diff = (batch.behaviour_logprobs - batch.old_logprobs).abs() * mask
+    greedy = {}
+    if batch.reward_baselines is not None:  # ReMax's greedy episodes (played, not trained)
+        greedy = {"reward/greedy_baseline": float(batch.reward_baselines.nanmean())}
     return {
+        **greedy,
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0,
         "reward/max": float(rewards.max()),

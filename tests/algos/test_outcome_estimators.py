@@ -90,6 +90,22 @@ def test_remax_by_hand():
     _check("remax", rewards, mask, [0, 0], adv, ret, credit="token")
 
 
+def test_remax_in_a_run_subtracts_the_greedy_rollouts_reward():
+    # verl's ReMax: b = the reward of the group's greedy episode (2.5 for group 0); a row without
+    # one (NaN: row 2's group played none) falls back to the leave-one-out mean (0 for a group of one)
+    mask, rewards = [[0, 1, 1, 1], [0, 1, 1, 1], [0, 1, 0, 0]], [[0, 1, 0, 2], [0, 0, 0, 1], [0, 4, 0, 0]]
+    adv, ret = compute_advantages("remax", _t(rewards), _t(mask), torch.tensor([0, 0, 1]), None,
+                                  AlgorithmConfig(credit="token"), reward_baselines=_t([2.5, 2.5, float("nan")]))
+    torch.testing.assert_close(ret, _t([[0, 3, 2, 2], [0, 1, 1, 1], [0, 4, 0, 0]]))
+    torch.testing.assert_close(adv, _t([[0, 0.5, -0.5, -0.5], [0, -1.5, -1.5, -1.5], [0, 4, 0, 0]]))
+
+
+def test_only_remax_asks_for_greedy_baselines():
+    from agentrl.algos.advantages import uses_greedy_baseline
+
+    assert [n for n in ESTIMATORS.names() if uses_greedy_baseline(n)] == ["remax"]
+
+
 def test_remax_advantages_is_verls_formula_with_any_baseline():
     # verl: returns = reverse cumsum of masked rewards, advantages = returns - baseline (greedy reward)
     rewards, mask = _t([[0, 1, 0, 2]]), _t([[0, 1, 1, 1]])

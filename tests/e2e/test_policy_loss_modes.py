@@ -23,6 +23,7 @@ def cache_dir(tmp_path_factory):
 @pytest.mark.parametrize("loss_mode, estimator, agg", [
     ("gspo", "opo", "token-mean"),
     ("cispo", "grpo_passk", "seq-mean-token-sum-norm"),
+    ("vanilla", "remax", "token-mean"),
 ])
 def test_run_trains_with_verl_named_loss_and_estimator(tmp_path, cache_dir, loss_mode, estimator, agg):
     cfg = load_config(ROOT / "configs/frozen_lake.yaml",
@@ -52,3 +53,5 @@ def test_run_trains_with_verl_named_loss_and_estimator(tmp_path, cache_dir, loss
     after = trainer.actor.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before), "no weight changed"
     assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
+    if estimator == "remax":  # a greedy episode per group was played as the baseline, and not trained
+        assert all("reward/greedy_baseline" in r and r["rollout/episodes"] == cfg.rollout.batch_size for r in rows)

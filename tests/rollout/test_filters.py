@@ -80,3 +80,20 @@ def test_without_further_batches_a_step_trains_on_what_passed(max_batches):
 def test_without_a_filter_every_group_counts():
     step = fill_step(_batches([[1, 1], [0, 1], [0, 0]]), need=2, keep=None, max_batches=4)
     assert len(step.groups) == 2 and step.stats["rollout/filtered_groups_equal"] == 0.0
+
+
+def test_remax_greedy_episodes_leave_their_groups_and_become_the_baseline():
+    from dataclasses import replace
+
+    from agentrl.rollout.filters import split_greedy_baselines
+
+    groups = _groups([0.0, 1.0], [1.0, 1.0], [0.5])
+    groups[0].append(replace(_t(0, 0.25), baseline=True))
+    groups[1].append(replace(_t(1, 1.5), baseline=True))
+    split = split_greedy_baselines(groups)
+    assert [len(g) for g in split] == [2, 2, 1] and not any(t.baseline for g in split for t in g)
+    assert [[t.reward_baseline for t in g] for g in split] == [[0.25, 0.25], [1.5, 1.5], [None]]
+    # a step filled from such batches trains on the sampled episodes only
+    step = fill_step(lambda attempt: (groups, CollectResult([t for g in groups for t in g]), 0), need=3, keep=None,
+                     max_batches=1)
+    assert len(step.result.trajectories) == 5 and not any(t.baseline for t in step.result.trajectories)

@@ -64,3 +64,20 @@ def test_demonstrations_lie_apart_from_training_and_evaluation():
 def test_make_tasks_needs_one_tag_per_group():
     with pytest.raises(ValueError, match="2 tags for 3 groups"):
         make_tasks(0, 1, 3, 2, tags=["a", "b"])
+
+
+def test_remax_groups_end_with_a_greedy_episode_of_their_env_seed():
+    source = TaskSource(seed=0, group_size=2, train_tags=("lake", "math"), greedy_baselines=True)
+    plain = TaskSource(seed=0, group_size=2, train_tags=("lake", "math"))
+    for step, attempt in [(1, 0), (3, 1)]:
+        tasks, sampled = source.step(step, attempt), plain.step(step, attempt)
+        assert len(tasks) == 6 and [t for t in tasks if not t.baseline] == sampled  # sampled ones unchanged
+        for g in range(2):
+            group = tasks[3 * g:3 * g + 3]
+            assert [t.baseline for t in group] == [False, False, True] and group[2].greedy
+            assert len({(t.env_seed, t.group_id, t.tag) for t in group}) == 1
+    # the stream plays the same groups, its greedy episode included
+    assert [t.baseline for t in source.group(3)] == [False, False, True]
+    assert [(t.env_seed, t.sampling_seed) for t in source.group(3)] == [
+        (t.env_seed, t.sampling_seed) for t in source.step(2)[3:6]]
+    assert not any(t.baseline for t in source.evaluation())
