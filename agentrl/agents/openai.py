@@ -122,12 +122,15 @@ class _RecordingEnv:
         return getattr(self._env, name)
 
     async def reset(self, *args: Any, **kwargs: Any) -> Any:
-        return await self._env.reset(*args, **kwargs)
+        result = await self._env.reset(*args, **kwargs)
+        self._session.observation = result[0] if isinstance(result[0], str) else None
+        return result
 
     async def step(self, *args: Any, **kwargs: Any) -> Any:
         result = await self._env.step(*args, **kwargs)
-        _, reward, terminated, truncated, info = result
+        obs, reward, terminated, truncated, info = result
         self._session.add_env_reward(reward)
+        self._session.observation = obs  # the state the next reply acts on
         self._terminated, self._truncated, self._info = bool(terminated), bool(truncated), dict(info)
         self._invalid += int(not info.get("action_valid", True))
         return result

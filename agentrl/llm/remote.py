@@ -193,8 +193,10 @@ class RemoteEngine:
     def pop_metrics(self) -> dict[str, float]:
         """perf/engine_* of the servers (agentrl: summed; rates averaged) and perf/remote_* of this client."""
         out: dict[str, float] = {}
-        if self.wire.name == "agentrl":
-            rows = [data.get("metrics", {}) for _, data in self._each("post", "/agentrl/metrics", json={})]
+        if self.wire.name == "agentrl":  # best effort: a server that does not answer is counted, not fatal
+            answers = self._each("post", "/agentrl/metrics", json={}, tolerate=True)
+            rows = [data.get("metrics", {}) for status, data in answers if status == 200 and isinstance(data, dict)]
+            out["perf/remote_servers_down"] = float(sum(status == 0 for status, _ in answers))
             for key in sorted({k for r in rows for k in r}):
                 values = [float(r.get(key, 0.0)) for r in rows]
                 average = key.endswith(("_per_s", "_rate", "_batch"))
@@ -229,11 +231,13 @@ class RemoteEngine:
             self._clients.clear()
 
     # ------------------------------------------------------------------ every server at once
-    def _each(self, method: str, path: str, check: bool = True, **kwargs: Any) -> list[tuple[int, Any]]:
-        """(status, JSON) of `path` on every server, in parallel, each retried like a generation."""
+    def _each(self, method: str, path: str, check: bool = True, tolerate: bool = False,
+              **kwargs: Any) -> list[tuple[int, Any]]:
+        """(status, JSON) of `path` on every server, in parallel, each retried like a generation
+        (`tolerate`: one try, and a server that does not answer gives (0, None))."""
         def one(url: str) -> tuple[int, Any]:
             error = ""
-            for attempt in range(self.max_retries + 1):
+            for attempt in range(1 if tolerate else self.max_retries + 1):
                 if attempt:
                     time.sleep(self.retry_delay * 2 ** (attempt - 1))
                 try:
@@ -251,6 +255,8 @@ class RemoteEngine:
                     return resp.status_code, resp.json()
                 except ValueError:
                     return resp.status_code, None
+            if tolerate:
+                return 0, None
             raise EngineError(f"engine server {url} is not answering {path.split('?')[0]} ({error}) after "
                               f"{self.max_retries + 1} tries; is the server running (`agentrl serve`)?")
         if len(self.urls) == 1:

@@ -168,9 +168,13 @@ def start_server(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, ho
     """Serve `engine` on a background thread (the engine then lives in that thread's loop unless
     `engine_loop` says where it does); returns once it accepts connections."""
     cfg = cfg or ServeConfig()
-    host = cfg.host if host is None else host
-    sock = bind(host, cfg.port if port is None else port)
     app = build_app(engine, tokenizer, cfg, model_name=model_name, engine_loop=engine_loop)
+    return run_app(app, cfg.host if host is None else host, cfg.port if port is None else port, cfg.api_key)
+
+
+def run_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None) -> ServerHandle:
+    """Run an ASGI `app` with uvicorn on a background thread; returns once it accepts connections."""
+    sock = bind(host, port)
     server = uvicorn_server(app)
 
     def run() -> None:
@@ -184,7 +188,7 @@ def start_server(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, ho
         raise EngineError(f"the server on {host} did not start")
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    return ServerHandle(server, thread, f"http://{shown}:{bound}", app, cfg.api_key)
+    return ServerHandle(server, thread, f"http://{shown}:{bound}", app, api_key)
 
 
 @dataclass

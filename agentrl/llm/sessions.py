@@ -97,7 +97,7 @@ class Turn:
     tools: list[dict] | None
     rendered: str  # the template's text of `messages` with the generation prompt
     choices: list[Choice]
-    state: str  # the last non-assistant message: the state the reply acted on
+    state: str  # the state the reply acted on: the env's observation, else the last non-assistant message
     chosen: int = 0
     reward: float = 0.0
 
@@ -129,6 +129,7 @@ class Session:
         self.posted_reward: float | None = None
         self.engine_error: str | None = None
         self.pending_reward = 0.0  # env rewards before the first reply
+        self.observation: str | None = None  # the env's latest observation, when the caller tracks the env
         self.created = time.monotonic()
         self._lock: asyncio.Lock | None = None
 
@@ -160,7 +161,8 @@ class Session:
         choices = [make_choice(self.tokenizer, c, bool(tools)) for c in completions]
         if segment and bridged is None:
             self.segments += 1
-        state = next((m.get("content") or "" for m in reversed(messages) if m["role"] != "assistant"), "")
+        state = self.observation if self.observation is not None else next(
+            (m.get("content") or "" for m in reversed(messages) if m["role"] != "assistant"), "")
         self.turns.append(Turn(segment, prompt, new_ids, messages, tools, rendered, choices, state))
         return Reply(prompt, choices, new_segment=bool(segment) and bridged is None)
 
