@@ -19,8 +19,8 @@ import yaml
 from agentrl.config_algo import (ActorConfig, AlgorithmConfig, CriticConfig, FilterGroupsConfig,  # noqa: F401
                                  KLControlConfig, PolicyLossConfig)
 from agentrl.config_checks import BUILTIN_POLICY_LOSSES, validate  # noqa: F401  (BUILTIN_POLICY_LOSSES: re-exported)
-from agentrl.config_serve import EngineServing, ServeConfig
 from agentrl.config_io import _all_keys, dataclass_docs, from_dict, parse_override, read_yaml, set_path
+from agentrl.config_serve import EngineServing, ServeConfig
 from agentrl.errors import ConfigError
 
 

@@ -183,12 +183,23 @@ class OpenAIAgent:
         reason = None if env._terminated else ("env" if env._truncated else session.stop_reason or "max_turns")
         info = {k: v for k, v in env._info.items() if k != "success"}
         segments = session.records(reward) or [(_empty_record(), [], 0)]
+        if self.budget.context:  # a reply that filled the context keeps no closing past it (as ChatAgent)
+            last = segments[-1][0]
+            last.truncate(max(self.budget.context, len(last.token_ids) - len(_tail_zeros(last.loss_mask))))
         out = [Trajectory.from_record(record, task, states, success=bool(env._info.get("success", False)),
                                       terminated=env._terminated, truncation_reason=reason, info=dict(info),
                                       invalid_actions=env._invalid if i == len(segments) - 1 else 0,
                                       truncated_replies=cut)
                for i, (record, states, cut) in enumerate(segments)]
         return out[0] if len(out) == 1 else out
+
+
+def _tail_zeros(mask: list[int]) -> list[int]:
+    """The mask-0 ids after the last generated one."""
+    k = len(mask)
+    while k and not mask[k - 1]:
+        k -= 1
+    return mask[k:]
 
 
 def _empty_record() -> Any:

@@ -84,21 +84,7 @@ def build_app(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, *, mo
     state = ServerState(engine, tokenizer, cfg, model_name or cfg.served_model_name or "agentrl", engine_loop,
                         sessions or SessionStore())
     app.state.agentrl = state
-    key = cfg.api_key.encode() if cfg.api_key else None
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Any:
-        # The key is checked before the body is read; a bad request never reaches an engine.
-        if key is not None and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "")
-            token = given[7:].strip().encode() if given.lower().startswith("bearer ") else b""
-            if not hmac.compare_digest(token, key):
-                return JSONResponse(error_body("missing or wrong API key (send Authorization: Bearer <key>)", 401,
-                                               code="invalid_api_key"), status_code=401)
-        try:
-            return await call_next(request)
-        except Exception as e:  # noqa: BLE001 (the server answers every request and keeps serving)
-            return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", 500), status_code=500)
+    app.add_middleware(Guard, key=cfg.api_key.encode() if cfg.api_key else None)
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, e: RequestError) -> JSONResponse:
@@ -118,6 +104,39 @@ def build_app(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, *, mo
 
     add_routes(app, state)
     return app
+
+
+class Guard:
+    """ASGI middleware: the API key, checked before the body is read (401), and a 500 JSON error
+    for anything a route did not expect (the server answers every request and keeps serving).
+    Plain ASGI rather than FastAPI's `@app.middleware`, which costs a task and a stream per request."""
+
+    def __init__(self, app: Any, key: bytes | None) -> None:
+        self.app, self.key = app, key
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.key is not None and scope["path"] not in OPEN_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            token = given[7:].strip() if given[:7].lower() == b"bearer " else b""
+            if not hmac.compare_digest(token, self.key):
+                body = error_body("missing or wrong API key (send Authorization: Bearer <key>)", 401,
+                                  code="invalid_api_key")
+                return await JSONResponse(body, status_code=401)(scope, receive, send)
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as e:  # noqa: BLE001
+            if started:  # a streamed response broke midway: nothing left to answer with
+                raise
+            body = error_body(f"internal error: {type(e).__name__}: {e}", 500)
+            await JSONResponse(body, status_code=500)(scope, receive, send)
 
 
 class ServerHandle:

@@ -69,7 +69,10 @@ def admitted(state: ServerState) -> Iterator[None]:
 
 
 def check_model(state: ServerState, model: str | None) -> None:
-    """404 for a model id this server does not serve (sessions accept any)."""
+    """404 for a model id this server does not serve (sessions accept any), or when it serves
+    no engine (a run's session server)."""
+    if state.engine is None:
+        raise RequestError(404, "this server only hosts sessions: use /sessions/<id>/v1/chat/completions")
     if model is not None and model != state.model_name:
         raise RequestError(404, f"model {model!r} does not exist; this server serves {state.model_name!r}",
                            "model", "model_not_found")
@@ -149,8 +152,6 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     async def chat(request: Request) -> Any:
         req = parse(ChatRequest, await read_json(request, cfg.max_request_bytes))
         check_model(state, req.model)
-        if state.engine is None:
-            raise RequestError(404, "this server only hosts sessions: use /sessions/<id>/v1/chat/completions")
         return await serve_chat(state, req, None)
 
     @app.post("/v1/completions")
@@ -194,6 +195,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/agentrl/generate")
     async def agentrl_generate(request: Request) -> Any:
         req = parse(AgentrlGenerateRequest, await read_json(request, cfg.max_request_bytes))
+        check_model(state, None)
         sp = agentrl_sampling(req.sampling, cfg.max_tokens)
         with admitted(state):
             c = await state.call(state.engine.generate, req.prompt_ids, sp)
@@ -203,6 +205,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/agentrl/weights")
     async def weights(request: Request) -> Any:
+        check_model(state, None)
         if request.headers.get("content-type", "").startswith("application/json"):
             req = parse(WeightsRequest, await read_json(request, cfg.max_request_bytes))
             if not cfg.allow_weights_from_path:
@@ -241,10 +244,12 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/agentrl/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, Any]:
+        check_model(state, None)
         return {"reset": bool(await state.call(state.engine.reset_prefix_cache))}
 
     @app.post("/agentrl/metrics")
     async def metrics() -> dict[str, Any]:
+        check_model(state, None)
         return {"metrics": await state.call(state.engine.pop_metrics)}
 
     add_session_routes(app, state)

@@ -217,6 +217,26 @@ class Session:
         closing = probe[probe.index(SENTINEL) + len(SENTINEL):]
         return closing if body.endswith(closing) else None
 
+    def _final_closing(self) -> list[int]:
+        """The ids the template puts after the last reply (its end-of-turn text, less the sampled EOS)."""
+        last = self.turns[-1]
+        choice = last.choices[last.chosen]
+        reply = {"role": "assistant", "content": choice.content or ""}
+        if choice.tool_calls:
+            reply = normalize_messages([{**reply, "tool_calls": choice.tool_calls}])[0]
+        try:
+            full = render(self.tokenizer, last.messages + [reply], last.tools, generation_prompt=False)
+        except ValueError:  # MessageError: a template that cannot render it adds nothing
+            return []
+        if not full.startswith(last.rendered):
+            return []
+        closing = self._closing(last, full[len(last.rendered):], choice)
+        ids = choice.completion.token_ids
+        if closing and ids and ids[-1] in self.eos_ids:
+            eos_text = self.tokenizer.decode(ids[-1:], skip_special_tokens=False)
+            closing = closing[len(eos_text):] if closing.startswith(eos_text) else closing
+        return encode_text(self.tokenizer, closing) if closing else []
+
     # ------------------------------------------------------------------ rewards and the record
     def add_env_reward(self, reward: float) -> None:
         """An env step's reward, credited to the latest reply (the action it took)."""
@@ -246,6 +266,8 @@ class Session:
             record.set_turn_reward(reward)
             states.append(turn.state)
             out[-1] = (record, states, cut + int(chosen.finish_reason == "length"))
+        if out:  # the template's closing after the last reply, as a Conversation ends (mask 0)
+            out[-1][0].append_prompt(self._final_closing())
         totals = [sum(record.rewards) for record, _, _ in out]
         for i, (record, _, _) in enumerate(out[:-1]):
             record.rewards[-1] += sum(totals[i + 1:])

@@ -83,7 +83,7 @@ class CollectResult:
         self.segments += other.segments
 
     def metrics(self) -> dict[str, float]:
-        """rollout/* counts of failures, retries and dropped groups."""
+        """rollout/* counts of failures, retries, dropped groups and extra segments."""
         out = {f"rollout/failures_{kind}": float(n) for kind, n in self.failures.items()}
         out.update({"rollout/errors": float(len(self.errors)), "rollout/retries": float(self.retries), "rollout/failed_episodes": float(self.failed_episodes),
                     "rollout/dropped_groups": float(self.dropped_groups), "rollout/segments": float(self.segments)})

@@ -58,8 +58,7 @@ def test_trajectories_hold_exactly_the_ids_the_client_was_returned(tiny_model, t
 
 def test_the_example_agent_plays_the_chat_agents_episodes(tiny_tokenizer):
     """With the same replies (scripted, seeded per task and turn) the session builds the chat
-    agent's token sequence: it ends at the last reply, where the chat agent also has the
-    template's closing (mask 0)."""
+    agent's token sequences, id for id."""
     tok = tiny_tokenizer
     sp = SamplingParams(temperature=1.0, max_new_tokens=8, stop_token_ids=(tok.eos_token_id,))
     runs = []
@@ -67,9 +66,8 @@ def test_the_example_agent_plays_the_chat_agents_episodes(tiny_tokenizer):
         client = ScriptedClient(tok)
         runs.append(RolloutCollector.single(client.wrap(_lake), agent, client).collect(TASKS).trajectories)
     for mine, chat in zip(*runs):
-        n = len(mine.token_ids)
-        assert mine.token_ids == chat.token_ids[:n] and mine.loss_mask == chat.loss_mask[:n]
-        assert sum(chat.loss_mask[n:]) == 0
+        assert mine.token_ids == chat.token_ids and mine.loss_mask == chat.loss_mask
+        assert mine.logprobs == chat.logprobs and mine.versions == chat.versions
         assert mine.rewards == chat.rewards and mine.reward_positions == chat.reward_positions
         assert (mine.success, mine.terminated, mine.truncation_reason) == (chat.success, chat.terminated,
                                                                           chat.truncation_reason)

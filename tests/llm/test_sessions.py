@@ -115,7 +115,7 @@ def test_a_continued_history_extends_the_prompt_and_a_rewrite_starts_a_segment(t
     first, second = records[0][0], records[1][0]
     assert [first.token_ids[a:b] for a, b in segments(first.loss_mask)] == [c1, r2.choices[0].completion.token_ids]
     assert first.token_ids[:len(r2.prompt_ids)] == r2.prompt_ids
-    assert second.token_ids == r3.prompt_ids + r3.choices[0].completion.token_ids
+    assert second.token_ids == r3.prompt_ids + r3.choices[0].completion.token_ids + closing  # ends as a Conversation
     assert first.rewards == [0.0, 0.5] and second.rewards == [0.5]  # earlier segments carry later rewards
     assert [r.rewards for r, _, _ in s.records(final_reward=2.0)] == [[0.0, 2.0], [2.0]]
 
