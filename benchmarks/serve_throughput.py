@@ -13,6 +13,7 @@ load of other work moves both.
 
     python benchmarks/serve_throughput.py                      # tiny model (h=64, 2 layers)
     python benchmarks/serve_throughput.py --hidden 256 --layers 4
+    python benchmarks/serve_throughput.py --client httpx           # without the openai SDK's own cost
 The last line is a JSON summary.
 """
 
@@ -79,26 +80,33 @@ async def in_process(tok, eng, sessions: int, turns: int, max_tokens: int) -> in
     return sum(await asyncio.gather(*(one(i) for i in range(sessions))))
 
 
-async def over_http(url: str, sessions: int, turns: int, max_tokens: int) -> int:
-    """Every conversation as an OpenAI client of a session of the server; the ids generated."""
+async def over_http(url: str, sessions: int, turns: int, max_tokens: int, client_kind: str) -> int:
+    """Every conversation as a client of a session of the server (the `openai` SDK, or plain
+    httpx posting the same JSON, which leaves out the SDK's own cost); the ids generated."""
     import httpx
     import openai
 
     context = ssl.create_default_context()
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}) as http:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with httpx.AsyncClient(headers=headers) as http:
         opened = [(await http.post(url + "/sessions")).json()["base_url"] for _ in range(sessions)]
 
     async def one(i: int, base: str) -> int:
-        async with httpx.AsyncClient(verify=context) as transport:
+        async with httpx.AsyncClient(verify=context, headers=headers, timeout=None) as transport:
             client = openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0, http_client=transport)
             messages = [{"role": "user", "content": first_message(i)}]
             n = 0
             for k in range(turns):
-                r = await client.chat.completions.create(model="agentrl", messages=messages, max_tokens=max_tokens,
-                                                         seed=seed(i, k))
-                n += len(r.choices[0].token_ids)
-                messages += [{"role": "assistant", "content": r.choices[0].message.content},
-                             {"role": "user", "content": f"Turn {k}."}]
+                if client_kind == "openai":
+                    r = await client.chat.completions.create(model="agentrl", messages=messages,
+                                                             max_tokens=max_tokens, seed=seed(i, k))
+                    ids, content = r.choices[0].token_ids, r.choices[0].message.content
+                else:
+                    body = {"model": "agentrl", "messages": messages, "max_tokens": max_tokens, "seed": seed(i, k)}
+                    choice = (await transport.post(base + "/chat/completions", json=body)).json()["choices"][0]
+                    ids, content = choice["token_ids"], choice["message"]["content"]
+                n += len(ids)
+                messages += [{"role": "assistant", "content": content}, {"role": "user", "content": f"Turn {k}."}]
             return n
     return sum(await asyncio.gather(*(one(i, b) for i, b in enumerate(opened))))
 
@@ -137,6 +145,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--client", choices=["openai", "httpx"], default="openai",
+                   help="the sessions' client: the openai SDK (what agents use) or plain httpx (the server alone)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -149,7 +159,7 @@ def main() -> None:
     eng = engine(tok, model)
     work = (args.sessions, args.turns, args.max_tokens)
     in_thread(in_process(tok, eng, 4, 2, args.max_tokens))  # warm both up
-    in_thread(over_http(url, 4, 2, args.max_tokens))
+    in_thread(over_http(url, 4, 2, args.max_tokens, args.client))
     rows = {"in_process": [], "server": []}
     tokens = {}
     try:
@@ -158,7 +168,7 @@ def main() -> None:
             n, s = in_thread(in_process(tok, eng, *work))
             rows["in_process"].append(n / s)
             tokens["in_process"] = n
-            n, s = in_thread(over_http(url, *work))
+            n, s = in_thread(over_http(url, *work, args.client))
             rows["server"].append(n / s)
             tokens["server"] = n
             print(f"repeat {r + 1}: in-process {rows['in_process'][-1]:.0f} tok/s, server {rows['server'][-1]:.0f} tok/s",
@@ -167,9 +177,10 @@ def main() -> None:
         proc.stdin.close()
         proc.wait(timeout=30)
     local, served = statistics.median(rows["in_process"]), statistics.median(rows["server"])
-    print(f"{args.sessions} sessions x {args.turns} turns, model h={args.hidden} x {args.layers} layers: in-process "
+    print(f"{args.sessions} sessions x {args.turns} turns ({args.client} client), model h={args.hidden} x "
+          f"{args.layers} layers: in-process "
           f"{local:.0f} tok/s, server {served:.0f} tok/s, server / in-process = {served / local:.3f}")
-    print(json.dumps({"sessions": args.sessions, "turns": args.turns, "max_tokens": args.max_tokens,
+    print(json.dumps({"sessions": args.sessions, "turns": args.turns, "max_tokens": args.max_tokens, "client": args.client,
                       "hidden": args.hidden, "layers": args.layers, "repeats": args.repeats,
                       "generated_tokens": tokens, "same_tokens": tokens["server"] == tokens["in_process"],
                       "in_process_tokens_per_s": round(local, 1), "server_tokens_per_s": round(served, 1),
