@@ -1,10 +1,11 @@
-"""Command line: `agentrl train | eval`.
+"""Command line: `agentrl train | resume | eval | serve`.
 
     agentrl train                                     # the embedded default (4x4 FrozenLake)
     agentrl train configs/frozen_lake.yaml trainer.total_steps=20 seed=3
     agentrl train --config-path configs --config-name frozen_lake_random
     agentrl resume runs/frozen_lake                   # continue a killed run from its last checkpoint
     agentrl eval runs/frozen_lake                     # evaluate the run's latest checkpoint
+    agentrl serve configs/frozen_lake.yaml serve.port=8000   # the policy over HTTP (OpenAI routes)
 """
 
 from __future__ import annotations
@@ -46,7 +47,20 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
     e.add_argument("run_dir")
     e.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.eval_episodes=64")
+    v = sub.add_parser("serve", help="serve the config's policy over HTTP (OpenAI routes, sessions)",
+                       epilog=_fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("args", nargs="*", help="an optional YAML config file, then key=value overrides (serve.port=...)")
     return p
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    """`agentrl serve`: the policy a run of this config starts from, until Ctrl-C."""
+    from agentrl.config import load_config
+    from agentrl.runtime.serving import serve
+
+    path, overrides = _split_config(ns.args, None, None)
+    serve(load_config(path, overrides), log=lambda m: print(m, file=sys.stderr))
+    return 0
 
 
 def _split_config(args: list[str], config_path: str | None, config_name: str | None):
@@ -147,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
-        return {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval}[ns.command](ns)
+        return {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "serve": cmd_serve}[ns.command](ns)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from agentrl.config_algo import (ActorConfig, AlgorithmConfig, CriticConfig, Fil
                                  KLControlConfig, PolicyLossConfig)
 from agentrl.config_checks import BUILTIN_POLICY_LOSSES, validate  # noqa: F401  (BUILTIN_POLICY_LOSSES: re-exported)
 from agentrl.config_io import _all_keys, dataclass_docs, from_dict, parse_override, read_yaml, set_path
+from agentrl.config_serve import EngineServing, ServeConfig
 from agentrl.errors import ConfigError
 
 
@@ -174,7 +175,7 @@ class RolloutConfig:
 
 # ---------------------------------------------------------------------------- engine
 @dataclass
-class EngineConfig:
+class EngineConfig(EngineServing):
     """The inference engine's knobs (vLLM's and SGLang's names). Until the next release each
     may also be set under its old name, rollout.<name>, with a deprecation warning."""
 
@@ -254,6 +255,8 @@ class Config:
     """Episode sampling."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     """The inference engine that serves the episodes' generation."""
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    """`agentrl serve`: the policy's HTTP server."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Advantage estimation."""
     actor: ActorConfig = field(default_factory=ActorConfig)

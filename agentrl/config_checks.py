@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.config_limits import check_limits
+from agentrl.config_serve import validate_serve
 from agentrl.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:  # config.py calls validate; the types only are needed here
@@ -68,6 +69,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"algorithm.gamma={cfg.algorithm.gamma} must be in [0, 1]")
     _validate_algorithm(cfg)
     _validate_env_groups(cfg)
+    validate_serve(cfg)
     if t.test_freq < 0 or t.save_freq < 0:
         raise ConfigError("trainer.test_freq and trainer.save_freq must be >= 0")
     if cfg.model.path is not None and not Path(cfg.model.path).expanduser().is_dir():

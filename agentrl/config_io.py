@@ -276,13 +276,13 @@ def dataclass_docs(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(cls))
     docs: dict[str, str] = {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
-                docs[node.target.id] = " ".join(str(nxt.value.value).split())  # one line of help
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):  # inherited fields too
+        body = ast.parse(inspect.getsource(klass)).body[0].body  # type: ignore[attr-defined]
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
+                    docs[node.target.id] = " ".join(str(nxt.value.value).split())  # one line of help
     rows = []
     default = cls()
     for f in dataclasses.fields(cls):

@@ -27,3 +27,13 @@ class RecordingEngine:
     def served(self):
         """{(prompt ids, output ids): completion} of every request."""
         return {(tuple(p), tuple(o.token_ids)): o for p, o in self.calls}
+
+
+def nodelay_client(**kw):
+    """A blocking httpx client with TCP_NODELAY (no 40 ms delayed-ACK wait per request on loopback)."""
+    import socket
+
+    import httpx
+
+    transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+    return httpx.Client(transport=transport, **kw)

@@ -18,6 +18,9 @@ FORBIDDEN = {
     "train": {"envs", "agents", "llm", "runtime", "cli"},
     "models": {"envs", "agents", "rollout", "train", "runtime", "algos", "cli"},
     "runtime": {"cli"},
+    # config sections are plain data: serving's may not pull in the server or an engine
+    "config_serve": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "torch",
+                     "fastapi", "uvicorn", "httpx", "openai"},
     # the episode record is the bottom of the tree: everything may import it, it imports nothing of ours
     "trajectory": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config",
                    "registry", "metrics", "errors", "api", "torch"},

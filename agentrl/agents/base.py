@@ -20,6 +20,7 @@ class Agent(Protocol):
     seed-style agent and runs through `agents/compat.py` instead.
     """
 
-    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
-        """Play `task` in `env` with `llm`; return the token-exact trajectory."""
+    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory | list[Trajectory]:
+        """Play `task` in `env` with `llm`; return the token-exact trajectory (or one per segment,
+        when the episode's history was rewritten: agents/openai.py)."""
         ...

@@ -8,8 +8,15 @@ implements both in this process; an engine behind HTTP or on Ray implements the 
 
 from __future__ import annotations
 
+import asyncio
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+# The episode a `generate` call serves. Engines that route by episode (remote: sticky servers)
+# and demo clients read it through `episode_key()`; a caller that generates for an episode from
+# another task (a session's HTTP handler) sets it, since the asyncio task is then not the episode's.
+EPISODE: ContextVar[object | None] = ContextVar("agentrl_episode", default=None)
 
 
 @dataclass(frozen=True)
@@ -86,3 +93,14 @@ class InferenceEngine(Protocol):
     def close(self) -> None:
         """End every request and release the engine's resources."""
         ...
+
+
+def episode_key() -> object | None:
+    """The episode the running `generate` call serves: EPISODE if set, else the current task."""
+    key = EPISODE.get()
+    if key is not None:
+        return key
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None

@@ -69,6 +69,7 @@ class CollectResult:
     retries: int = 0  # attempts beyond the first
     failed_episodes: int = 0  # episodes whose every attempt failed
     episodes: int = 0  # episodes asked for
+    segments: int = 0  # extra sequences of episodes whose history was rewritten (agents/openai.py)
 
     def absorb(self, other: CollectResult) -> None:
         """Add another collection's counts and errors to this one (trajectories are not merged)."""
@@ -79,12 +80,13 @@ class CollectResult:
         self.retries += other.retries
         self.failed_episodes += other.failed_episodes
         self.episodes += other.episodes
+        self.segments += other.segments
 
     def metrics(self) -> dict[str, float]:
-        """rollout/* counts of failures, retries and dropped groups."""
+        """rollout/* counts of failures, retries, dropped groups and extra segments."""
         out = {f"rollout/failures_{kind}": float(n) for kind, n in self.failures.items()}
         out.update({"rollout/errors": float(len(self.errors)), "rollout/retries": float(self.retries), "rollout/failed_episodes": float(self.failed_episodes),
-                    "rollout/dropped_groups": float(self.dropped_groups)})
+                    "rollout/dropped_groups": float(self.dropped_groups), "rollout/segments": float(self.segments)})
         return out
 
 
@@ -212,13 +214,16 @@ class RolloutCollector:
         result = CollectResult([], episodes=len(tasks))
         outcomes = await asyncio.gather(*(self._episode(t, result) for t in tasks))
         failed_groups = {t.group_id for t, o in zip(tasks, outcomes) if o is None}
-        result.trajectories = [o for t, o in zip(tasks, outcomes) if o is not None and t.group_id not in failed_groups]
+        kept = [o for t, o in zip(tasks, outcomes) if o is not None and t.group_id not in failed_groups]
+        result.trajectories = [traj for episode in kept for traj in episode]
+        result.segments = sum(len(episode) - 1 for episode in kept)
         result.failed_episodes = sum(o is None for o in outcomes)
         result.dropped_groups = len(failed_groups)
         return result
 
-    async def _episode(self, task: Task, result: CollectResult) -> Trajectory | None:
-        """The episode's trajectory, retrying failed attempts; None when every attempt failed."""
+    async def _episode(self, task: Task, result: CollectResult) -> list[Trajectory] | None:
+        """The episode's trajectories (one, or one per segment), retrying failed attempts; None
+        when every attempt failed."""
         for attempt in range(self.max_retries + 1):
             if attempt:
                 result.retries += 1
@@ -234,17 +239,19 @@ class RolloutCollector:
                 result.errors.append(f"{kind}: {message} ({where}env seed {task.env_seed}, attempt {attempt + 1})")
         return None
 
-    async def _attempt(self, task: Task) -> Trajectory:
+    async def _attempt(self, task: Task) -> list[Trajectory]:
         # The env is built inside the attempt's own task (wait_for runs it in a new one), so
         # clients that map episodes to envs by asyncio task see the pairing they expect.
         spec = self.tags[task.tag]
         env = spec.env_factory()
         try:
             guarded = _GuardedEnv(env, bool(getattr(spec.agent, "per_answer_rewards", False)))
-            traj = await spec.agent.run_episode(task, guarded, self.llm)
+            out = await spec.agent.run_episode(task, guarded, self.llm)
+            trajs = out if isinstance(out, list) else [out]  # a list: one sequence per segment
             # Set here, not by each agent: every agent's episodes carry what metrics and baselines read.
-            traj.tag, traj.reset_info, traj.baseline = task.tag, guarded.reset_info, task.baseline
-            return traj
+            for traj in trajs:
+                traj.tag, traj.reset_info, traj.baseline = task.tag, guarded.reset_info, task.baseline
+            return trajs
         finally:
             try:
                 close = getattr(env, "close", None)  # optional: the seeds' envs have reset and step only

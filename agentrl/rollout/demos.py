@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from agentrl.llm.engine import Completion, SamplingParams
+from agentrl.llm.engine import Completion, SamplingParams, episode_key
 
 
 class ScriptedClient:
@@ -51,7 +51,7 @@ class ScriptedClient:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         """Answer with a random valid action of the episode's env (seeded by the request)."""
-        env = self._envs[asyncio.current_task()]
+        env = self._envs[episode_key()]  # the episode's task (sessions generate from another one)
         reply = env.sample_action(random.Random(sampling.seed))
         self.reply_entropy += state_entropy(env.sample_action)
         ids = self.tokenizer.encode(reply, add_special_tokens=False)

@@ -21,14 +21,13 @@ from agentrl.algos.policy_losses import check_loss_mode
 from agentrl.config import Config
 from agentrl.envs.service import close_env
 from agentrl.errors import ConfigError
-from agentrl.llm.local import LocalEngine
-from agentrl.models.loading import DTYPES
 from agentrl.registry import load_builtins
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.rollout.source import RolloutSource, rollout_source
 from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.envs import check_templates, make_budget, make_tag_specs
 from agentrl.runtime.preflight import preflight
+from agentrl.runtime.serving import make_engine
 from agentrl.runtime.warm import load_policy, model_context
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
@@ -100,10 +99,10 @@ def build_policy(cfg: Config, log: Callable[[str], None], tokenizer: Any = None)
 
 def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, Callable],
                   device: torch.device) -> RolloutSource:
-    """The engine (a copy of `model`), the agents and envs of every tag, and the rollout source
-    that plays them; a runtime that places the engine elsewhere replaces this."""
-    engine_model = copy.deepcopy(model).to(device=device, dtype=DTYPES[cfg.model.dtype])
-    engine = LocalEngine.from_config(engine_model, tokenizer, cfg.engine, cfg.rollout.max_model_len, seed=cfg.seed)
+    """The engine (a copy of `model`, or the servers of engine.urls), the agents and envs of every
+    tag, and the rollout source that plays them; a runtime that places the engine elsewhere
+    replaces this."""
+    engine = make_engine(cfg, model, tokenizer, device)  # in this process, or the servers of engine.urls
     budget = make_budget(cfg, model_context(model))
     collector = RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget), engine,
                                  timeout=cfg.rollout.episode_timeout, max_retries=cfg.rollout.max_retries)

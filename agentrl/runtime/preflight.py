@@ -5,7 +5,8 @@ not wait for it. `preflight(cfg)` checks, in one line each: the advantage estima
 modules, every env type and its arguments (building and closing one env of each tag), every
 agent type and its arguments (building each agent with a stand-in tokenizer), and the context
 limits (rollout.max_model_len against the model's context, read from model.tiny or from
-model.path's config.json, and rollout.max_new_tokens against both).
+model.path's config.json, and rollout.max_new_tokens against both), and where generation runs
+(every remote engine URL answers; an OpenAI-client agent's entry imports).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from agentrl.config import Config
 from agentrl.errors import ConfigError, RegistryError
 from agentrl.registry import ESTIMATORS
 from agentrl.runtime.envs import check_agents, import_user_modules, make_agent, make_env_factories
+from agentrl.runtime.serving import check_serving
 
 
 def preflight(cfg: Config) -> dict[str, Callable[[], Any]]:
@@ -30,6 +32,7 @@ def preflight(cfg: Config) -> dict[str, Callable[[], Any]]:
     factories = make_env_factories(cfg)
     check_agents(cfg)
     check_agent_args(cfg)
+    check_serving(cfg)  # remote servers answer, OpenAI-client agents' entries import
     return factories
 
 

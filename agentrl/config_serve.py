@@ -1,0 +1,128 @@
+"""Config of serving: where the engine runs (`engine.kind`, `engine.urls`, `engine.protocol`)
+and how `agentrl serve` answers (`serve:`), with their model-free checks.
+
+`EngineServing` holds the engine section's placement fields (the `engine:` section in
+config.py adds the local engine's knobs to it); `ServeConfig` is the `serve:` section.
+`validate_serve` runs with the rest of the config's validation: one line per bad value,
+before anything is built. Whether a remote URL answers is checked in runtime/preflight.py,
+still before any model is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Optional
+from urllib.parse import urlsplit
+
+from agentrl.errors import ConfigError
+
+if TYPE_CHECKING:  # config.py calls validate_serve; the type only is needed here
+    from agentrl.config import Config
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class EngineServing:
+    """Where generation runs: in this process, or on inference servers over HTTP."""
+
+    kind: Literal["local", "remote"] = "local"
+    """local: the in-process engine; remote: generate on the servers of engine.urls
+    (`agentrl serve`, vLLM or SGLang), pushing new weights to them after every update."""
+    urls: list[str] = field(default_factory=list)
+    """Base URLs of the inference servers (engine.kind=remote), e.g. [http://127.0.0.1:8000];
+    an episode's turns go to one server (sticky, for its prefix cache)."""
+    protocol: Literal["agentrl", "vllm", "sglang"] = "agentrl"
+    """Wire format of the servers: agentrl (`agentrl serve`: token ids, logprobs and per-id policy
+    versions, weights over HTTP), vllm (/inference/v1/generate), sglang (/generate)."""
+    api_key: Optional[str] = None
+    """Bearer key the servers expect (their serve.api_key); null sends none."""
+    request_timeout: float = 600.0
+    """Seconds one request to a server may take before it counts as failed."""
+    max_retries: int = 3
+    """Attempts after the first for a request whose server does not answer (connection error,
+    timeout, 5xx), each on the next live server; then the request fails with an EngineError."""
+    weights_dir: Optional[str] = None
+    """A folder the servers can read (shared disk): weight pushes are written there and the
+    servers load them from disk. Needed for vllm and sglang (the folder their server was started
+    with); for agentrl, null streams the weights in the request body instead."""
+
+
+@dataclass
+class ServeConfig:
+    """`agentrl serve`: the HTTP server of the policy (OpenAI routes, vLLM's token route, sessions)."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind; loopback unless told otherwise (another address needs serve.api_key)."""
+    port: int = 8000
+    """TCP port; 0 picks a free one (printed at start)."""
+    api_key: Optional[str] = None
+    """Requests must send `Authorization: Bearer <api_key>` (401 otherwise); null: no key."""
+    served_model_name: Optional[str] = None
+    """The model id in /v1/models (vLLM's name); null: the folder name of model.path, or agentrl."""
+    max_tokens: int = 2048
+    """Largest max_tokens a request may ask (a larger one is a 400); the default when it asks none."""
+    max_n: int = 16
+    """Most choices (n) per request."""
+    max_request_bytes: int = 2_000_000
+    """Largest request body (weights excepted); a larger one is answered 413."""
+    max_weights_bytes: int = 64_000_000_000
+    """Largest streamed weights body of the weight-update route."""
+    max_inflight: int = 4096
+    """Most generation requests in progress at once; beyond it requests are answered 429."""
+    allow_weights_from_path: bool = True
+    """Let the weight-update route load a safetensors file path on the server's disk (with the
+    API key); false accepts only weights streamed in the request body."""
+
+
+def validate_serve(cfg: Config) -> None:
+    """The engine placement and serve sections: one line per bad value."""
+    e, s = cfg.engine, cfg.serve
+    if e.kind == "remote" and not e.urls:
+        raise ConfigError("engine.kind=remote needs engine.urls, e.g. engine.urls=[http://127.0.0.1:8000] "
+                          "(start one with `agentrl serve CONFIG`)")
+    for i, url in enumerate(e.urls):
+        check_url(url, f"engine.urls[{i}]")
+    if len(set(e.urls)) != len(e.urls):
+        raise ConfigError(f"engine.urls={e.urls} names a server twice; list each once")
+    if e.kind == "remote" and e.protocol in ("vllm", "sglang") and not e.weights_dir:
+        raise ConfigError(f"engine.protocol={e.protocol} loads new weights from disk: set engine.weights_dir to "
+                          f"the folder the {e.protocol} servers were started with (a disk they share with training)")
+    if e.request_timeout <= 0:
+        raise ConfigError(f"engine.request_timeout={e.request_timeout} must be > 0 seconds")
+    if not 0 <= e.max_retries <= 100:
+        raise ConfigError(f"engine.max_retries={e.max_retries} must be in [0, 100]")
+    if not 0 <= s.port <= 65535:
+        raise ConfigError(f"serve.port={s.port} must be in [0, 65535] (0 picks a free port)")
+    if not s.host.strip():
+        raise ConfigError("serve.host must name an interface, e.g. 127.0.0.1")
+    if s.api_key is not None and not s.api_key.strip():
+        raise ConfigError("serve.api_key is empty; give a key or null for none")
+    if not is_loopback(s.host) and s.api_key is None:
+        raise ConfigError(f"serve.host={s.host} exposes the server beyond this machine: set serve.api_key too "
+                          "(or keep serve.host=127.0.0.1)")
+    for key, low, high in (("max_tokens", 1, 2**24), ("max_n", 1, 1024), ("max_request_bytes", 1024, 2**31),
+                           ("max_weights_bytes", 1024, 2**50), ("max_inflight", 1, 2**20)):
+        value = getattr(s, key)
+        if not low <= value <= high:
+            raise ConfigError(f"serve.{key}={value} must be in [{low}, {high}]")
+
+
+def check_url(url: str, name: str) -> None:
+    """An http(s) URL with a host (and nothing after the base path but a trailing slash)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as err:
+        raise ConfigError(f"{name}={url!r} is not a URL ({err}); give e.g. http://127.0.0.1:8000") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{name}={url!r} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{name}={url!r}: give the server's base URL, without ?query or #fragment")
+    if port == 0:
+        raise ConfigError(f"{name}={url!r}: port 0 is not a server's port")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server on this machine."""
+    return host in LOOPBACK or host.startswith("127.")
