@@ -27,7 +27,8 @@ ELEMENT = "element-6066-11e4-a52e-4f735466cecf"  # the W3C key of an element ref
 def missing() -> str | None:
     """Why no browser test can run here, or None when Chromium and chromedriver are installed."""
     if not Path(CHROMIUM).is_file():
-        return f"chromium not found at {CHROMIUM} (install Debian's chromium and chromium-driver: apt-get install -y chromium chromium-driver)"
+        return (f"chromium not found at {CHROMIUM} (install Debian's chromium and chromium-driver: "
+                "apt-get install -y chromium chromium-driver)")
     if shutil.which("chromedriver") is None:
         return "chromedriver not found on PATH (apt-get install -y chromium-driver)"
     return None

@@ -23,7 +23,8 @@ def traj(group, n_prompt, reply, seed=0, success=False):
 def scored(trajs, pad=0):
     batch = pack(trajs, pad)
     batch.old_logprobs = batch.behaviour_logprobs - 0.01 * batch.loss_mask
-    batch.advantages = torch.arange(batch.input_ids.numel(), dtype=torch.float32).view_as(batch.input_ids) * batch.loss_mask
+    positions = torch.arange(batch.input_ids.numel(), dtype=torch.float32).view_as(batch.input_ids)
+    batch.advantages = positions * batch.loss_mask
     batch.returns = batch.advantages * 2
     return batch
 

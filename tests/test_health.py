@@ -125,7 +125,8 @@ def test_monitor_state_round_trips():
     twin = Monitor(HealthConfig(warmup_steps=1, patience=3))
     twin.load_state_dict(m.state_dict())
     signals = {"health/entropy": 0.01, "health/reply_repeat": 0.95, "health/input_dependence": 0.01}
-    assert [a.name for a in twin.observe(4, signals)[1]] == [a.name for a in m.observe(4, signals)[1]] == ["reply_repeat"]
+    expected = [a.name for a in m.observe(4, signals)[1]]
+    assert [a.name for a in twin.observe(4, signals)[1]] == expected == ["reply_repeat"]
 
 
 @pytest.mark.parametrize("override, field", [("health.reply_repeat=1.5", "health.reply_repeat"),

@@ -21,7 +21,7 @@ from agentrl.dumps import TrajectoryDumper, cut_dumps
 from agentrl.errors import CollapseError
 from agentrl.health import MIN_INPUTS, Alarm, Monitor, cross_inputs, group_signals, input_dependence, reply_repeat
 from agentrl.trajectory import Trajectory
-from agentrl.train.actor import Actor, token_logprobs
+from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch
 from agentrl.train.checkpoint import list_checkpoints, step_of
 
@@ -76,31 +76,45 @@ class Watch:
 
     @torch.no_grad()
     def cross_loglik(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[list[float]]:
-        """loglik[i][j] = log p(reply_i | context_j) under the current policy (n*n sequences)."""
-        model = self.actor.model
+        """loglik[i][j] = log p(reply_i | context_j) under the current policy.
+
+        A pass holds a few contexts (left-padded, one forward) and then every reply after each
+        of them on the contexts' KV cache: n contexts and n*n reply ids are computed, never n*n
+        whole sequences, in about 4 * actor.micro_batch_size rows at a time."""
+        model, device, temperature = self.actor.model, self.actor.device, self.actor.temperature
         model.eval()
-        longest = max(len(c) + len(r) for c, r in pairs)  # no sequence grows past the longest real one
-        seqs = []
-        for reply in (r for _, r in pairs):
-            for context, _ in pairs:
-                context = context[max(0, len(context) + len(reply) - longest):]
-                seqs.append((context, reply))
-        out: list[float] = []
-        size = self.actor.cfg.micro_batch_size
-        for start in range(0, len(seqs), size):
-            chunk = seqs[start:start + size]
-            width = max(len(c) + len(r) for c, r in chunk)
-            ids = torch.zeros((len(chunk), width), dtype=torch.long)
-            attn = torch.zeros_like(ids)
-            for k, (c, r) in enumerate(chunk):
-                ids[k, :len(c) + len(r)] = torch.tensor(c + r)
-                attn[k, :len(c) + len(r)] = 1
-            logp = token_logprobs(model, ids.to(self.actor.device), attn.to(self.actor.device),
-                                  self.actor.temperature).cpu()
-            for k, (c, r) in enumerate(chunk):
-                out.append(float(logp[k, len(c):len(c) + len(r)].sum()))
-        n = len(pairs)
-        return [out[i * n:(i + 1) * n] for i in range(n)]
+        replies = [r for _, r in pairs]
+        n, width = len(replies), max(len(r) for r in replies)
+        reply_ids = torch.zeros((n, width), dtype=torch.long)  # right-padded: pads only follow a reply
+        for i, reply in enumerate(replies):
+            reply_ids[i, :len(reply)] = torch.tensor(reply)
+        per_pass = max(1, 4 * self.actor.cfg.micro_batch_size // n)  # contexts per pass (times n rows)
+        out = [[0.0] * n for _ in range(n)]
+        for start in range(0, n, per_pass):
+            contexts = [c for c, _ in pairs[start:start + per_pass]]
+            g, length = len(contexts), max(len(c) for c in contexts)
+            ids = torch.zeros((g, length), dtype=torch.long)
+            mask = torch.zeros((g, length), dtype=torch.long)
+            for k, context in enumerate(contexts):  # left-padded: each context ends in the last column
+                ids[k, length - len(context):] = torch.tensor(context)
+                mask[k, length - len(context):] = 1
+            first = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                          position_ids=(mask.cumsum(-1) - 1).clamp(min=0).to(device), use_cache=True)
+            cache = first.past_key_values
+            cache.batch_repeat_interleave(n)  # row k*n + i: reply i after context k
+            rows = reply_ids.repeat(g, 1)
+            positions = mask.sum(-1).repeat_interleave(n).unsqueeze(1) + torch.arange(width)
+            rest = model(input_ids=rows.to(device), past_key_values=cache, use_cache=False,
+                         attention_mask=torch.cat([mask.repeat_interleave(n, 0), torch.ones_like(rows)], 1).to(device),
+                         position_ids=positions.to(device)).logits
+            # the context's last position predicts a reply's first id, the reply's own ids the rest
+            logits = torch.cat([first.logits[:, -1:].repeat_interleave(n, 0), rest[:, :-1]], dim=1).float()
+            logp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, rows.to(device).unsqueeze(-1))
+            logp = logp.squeeze(-1).cpu()
+            for k in range(g):
+                for i, reply in enumerate(replies):
+                    out[i][start + k] = float(logp[k * n + i, :len(reply)].sum())
+        return out
 
     def act(self, step: int) -> None:
         """Warn about the alarms that started at `step`; with on_collapse=stop, roll back and stop."""
