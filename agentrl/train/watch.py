@@ -42,6 +42,7 @@ class Watch:
                        else None)
         self.monitor = Monitor(cfg.health)
         self.pending: list[Alarm] = []  # alarms of the step being logged
+        self.mi_off: str | None = None  # why health/input_dependence stopped, if it did
 
     # ------------------------------------------------------------------ dumps
     def dump_due(self, step: int) -> bool:
@@ -67,11 +68,17 @@ class Watch:
         if "policy/entropy" in metrics:
             signals["health/entropy"] = metrics["policy/entropy"]
         n = self.cfg.health.mi_inputs
-        pairs = cross_inputs(trajs, n) if n >= 2 else []
+        pairs = cross_inputs(trajs, n) if n and self.mi_off is None else []
         if len(pairs) >= MIN_INPUTS:
-            signals.update(input_dependence(self.cross_loglik(pairs)))
-        extra, self.pending = self.monitor.observe(step, {**signals, "rollout/success": metrics.get("rollout/success",
-                                                                                                  0.0)})
+            try:
+                signals.update(input_dependence(self.cross_loglik(pairs)))
+            except (TypeError, ValueError, RuntimeError, AttributeError) as e:
+                # A model whose forward takes no KV cache or position ids: the run goes on without it.
+                self.mi_off = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+                self.log(f"agentrl: warning: health/input_dependence is off for this run (the policy's forward "
+                         f"does not take a shared KV cache: {self.mi_off}); set health.mi_inputs=0 to silence this")
+        success = metrics.get("rollout/success", 0.0)  # a solved task may turn certain: no entropy alarm
+        extra, self.pending = self.monitor.observe(step, {**signals, "rollout/success": success})
         return {**signals, **extra, **self.monitor.active(), "health/alarms": float(len(self.pending))}
 
     @torch.no_grad()
@@ -118,9 +125,10 @@ class Watch:
 
     def act(self, step: int) -> None:
         """Warn about the alarms that started at `step`; with on_collapse=stop, roll back and stop."""
-        if not self.pending:
+        alarms, self.pending = self.pending, []
+        if not alarms:
             return
-        for alarm in self.pending:
+        for alarm in alarms:
             self.log(alarm.line())
         if self.cfg.trainer.on_collapse != "stop":
             return
@@ -130,7 +138,7 @@ class Watch:
         where = (f"the newest checkpoint is now {kept[-1].name}, the last before the first bad step {onset}"
                  if kept else f"no checkpoint precedes the first bad step {onset}")
         aside = f" ({len(moved)} later ones moved to checkpoints/{COLLAPSED_PREFIX}*)" if moved else ""
-        names = ", ".join(a.name for a in self.pending)
+        names = ", ".join(a.name for a in alarms)
         raise CollapseError(
             f"stopped at step {step} on collapse alarm {names} (trainer.on_collapse=stop): {where}{aside}; look at "
             f"the trajectories with `agentrl view {self.run_dir}`; `agentrl resume {self.run_dir} "
