@@ -13,7 +13,7 @@ Signals (each from the step's own episodes, nothing extra generated):
   equally likely valid actions a healthy policy sits near 1/k or above, not at 1.
 - `health/input_dependence`: how much replies depend on their input, RAGEN-2's mutual
   information idea estimated cheaply: n distinct inputs and their replies are cross-scored
-  (log p(reply_i | input_j), n*n short forward passes, `health.mi_inputs`), and
+  (log p(reply_i | input_j): n contexts, each reply scored on their KV cache, `health.mi_inputs`), and
   I = mean_i[log p(y_i|x_i) - log mean_j p(y_i|x_j)], divided by its maximum log n, is in [0, 1].
   `health/input_retrieval`: how often a reply is likeliest under its own input (chance: 1/n).
   Left out when a step has fewer than `MIN_INPUTS` distinct inputs; alarms compare its moving
@@ -68,8 +68,8 @@ class HealthConfig:
     input_dependence_min_peak: float = 0.15
     """Input dependence the run must have reached for its loss to be a collapse."""
     mi_inputs: int = 8
-    """Distinct inputs cross-scored per step for health/input_dependence (n*n short forward
-    passes of the policy); 0 turns the signal off."""
+    """Distinct inputs cross-scored per step for health/input_dependence (n contexts, then the n
+    replies after each on its KV cache); 0 turns the signal off."""
 
     def check(self) -> None:
         """One-line ConfigError for a threshold out of range."""
@@ -83,7 +83,7 @@ class HealthConfig:
             raise ConfigError(f"health.patience={self.patience} must be in [1, 1000] steps")
         if 0 < self.mi_inputs < MIN_INPUTS or not 0 <= self.mi_inputs <= 64:
             raise ConfigError(f"health.mi_inputs={self.mi_inputs} must be 0 (off) or in [{MIN_INPUTS}, 64] "
-                              "(it costs mi_inputs^2 forward passes per step)")
+                              "(each step scores mi_inputs^2 replies)")
 
 
 @dataclass
@@ -213,7 +213,7 @@ class Monitor:
         out: dict[str, float] = {}
         bad: dict[str, tuple[float, float, str]] = {}
         entropy = signals.get("health/entropy")
-        if entropy is not None and warm:
+        if entropy is not None and (warm or not self.entropy_n):  # warmup_steps=0: the first step is the base
             self.entropy_sum += entropy
             self.entropy_n += 1
         if entropy is not None and self.entropy_n and self.entropy_sum > 0:
