@@ -1,4 +1,4 @@
-"""Command line: `agentrl train | resume | eval | serve`.
+"""Command line: `agentrl train | resume | eval | serve | view`.
 
     agentrl train                                     # the embedded default (4x4 FrozenLake)
     agentrl train configs/frozen_lake.yaml trainer.total_steps=20 seed=3
@@ -6,6 +6,7 @@
     agentrl resume runs/frozen_lake                   # continue a killed run from its last checkpoint
     agentrl eval runs/frozen_lake                     # evaluate the run's latest checkpoint
     agentrl serve configs/frozen_lake.yaml serve.port=8000   # the policy over HTTP (OpenAI routes)
+    agentrl view runs/frozen_lake [--serve]           # the trajectory viewer page of a run
 """
 
 from __future__ import annotations
@@ -47,9 +48,14 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
     e.add_argument("run_dir")
     e.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.eval_episodes=64")
-    v = sub.add_parser("serve", help="serve the config's policy over HTTP (OpenAI routes, sessions)",
+    s = sub.add_parser("serve", help="serve the config's policy over HTTP (OpenAI routes, sessions)",
                        epilog=_fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    v.add_argument("args", nargs="*", help="an optional YAML config file, then key=value overrides (serve.port=...)")
+    s.add_argument("args", nargs="*", help="an optional YAML config file, then key=value overrides (serve.port=...)")
+    v = sub.add_parser("view", help="write RUN_DIR/view.html: trajectories token by token, curves, alarms")
+    v.add_argument("run_dir")
+    v.add_argument("--serve", action="store_true", help="also serve it on loopback (every step, loaded on demand)")
+    v.add_argument("--port", type=int, default=7860, help="port of --serve (0: any free one)")
+    v.add_argument("--max-steps", type=int, default=20, help="dumped steps inlined in the page (evenly spaced)")
     return p
 
 
@@ -143,6 +149,24 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(ns: argparse.Namespace) -> int:
+    """`agentrl view RUN_DIR [--serve]`: write the page, print its path, optionally serve it."""
+    from agentrl.viewer import make_server, write_page
+
+    page = write_page(ns.run_dir, ns.max_steps, warn=lambda m: print(m, file=sys.stderr))
+    print(page)
+    if ns.serve:
+        server = make_server(ns.run_dir, page, ns.port)
+        print(f"serving on http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+    return 0
+
+
 _RUN_DIR: list[Path] = []  # the run folder of the running command, for the interrupt message
 
 
@@ -161,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
-        return {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "serve": cmd_serve}[ns.command](ns)
+        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "serve": cmd_serve, "view": cmd_view}
+        return commands[ns.command](ns)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ from agentrl.config_checks import BUILTIN_POLICY_LOSSES, validate  # noqa: F401 
 from agentrl.config_io import _all_keys, dataclass_docs, from_dict, parse_override, read_yaml, set_path
 from agentrl.config_serve import EngineServing, ServeConfig
 from agentrl.errors import ConfigError
+from agentrl.health import HealthConfig
 
 
 # ---------------------------------------------------------------------------- model
@@ -211,11 +212,18 @@ class TrainerConfig:
     """Checkpoint every N steps (and at the end); 0 = only at the end."""
     max_checkpoints: int = 2
     """Checkpoints kept in the run folder; older ones are deleted."""
-    logger: list[Literal["console", "jsonl", "tensorboard"]] = field(
+    logger: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = field(
         default_factory=lambda: ["console", "jsonl", "tensorboard"])
-    """Metric sinks: console (progress bar), jsonl, tensorboard."""
+    """Metric sinks: console (progress bar), jsonl, tensorboard, wandb (offline unless WANDB_MODE is set)."""
     progress: bool = True
     """Show a live progress bar."""
+    dump_trajectories_freq: int = 0
+    """Dump the training batch every N steps (and at the last) to run_dir/dumps for `agentrl view`; 0 = off."""
+    dump_max_tokens: int = 65536
+    """Most tokens one step's dump keeps (whole groups, in batch order): bounds its size."""
+    on_collapse: Literal["warn", "stop"] = "warn"
+    """What a collapse alarm (health section) does: warn (one line, training goes on) or stop (back to the
+    last healthy checkpoint, then exit with the reason)."""
 
 
 @dataclass
@@ -265,6 +273,8 @@ class Config:
     """Value model (GAE)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Loop, evaluation, checkpoints, logging."""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """Collapse alarms: thresholds of the health/ signals (agentrl/health.py)."""
 
     def resolved_run_dir(self) -> Path:
         """The folder this run writes to."""

@@ -70,8 +70,14 @@ def validate(cfg: Config) -> None:
     _validate_algorithm(cfg)
     _validate_env_groups(cfg)
     validate_serve(cfg)
-    if t.test_freq < 0 or t.save_freq < 0:
-        raise ConfigError("trainer.test_freq and trainer.save_freq must be >= 0")
+    if t.test_freq < 0 or t.save_freq < 0 or t.dump_trajectories_freq < 0:
+        raise ConfigError("trainer.test_freq, trainer.save_freq and trainer.dump_trajectories_freq must be >= 0")
+    _positive(t, "trainer", "dump_max_tokens")
+    cfg.health.check()
+    if "wandb" in t.logger:
+        from agentrl.wandb_sink import check_installed
+
+        check_installed()
     if cfg.model.path is not None and not Path(cfg.model.path).expanduser().is_dir():
         raise ConfigError(f"model.path={cfg.model.path!r}: no such directory (expected a local "
                           "Hugging Face model folder with config.json)")

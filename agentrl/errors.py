@@ -45,3 +45,7 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
 
 class TrainingError(AgentRLError):
     """An update produced a non-finite loss or gradient; the message names the term and its inputs."""
+
+
+class CollapseError(AgentRLError):
+    """A collapse alarm stopped the run (trainer.on_collapse=stop); the folder is resumable."""

@@ -1,7 +1,7 @@
-"""Metrics of a training run: stage timers, a logger (console / jsonl / TensorBoard), curves and summary.
+"""Metrics of a training run: stage timers, a logger (console / jsonl / TensorBoard / W&B), curves and summary.
 
 Keys are namespaced: rollout/, reward/, loss/, policy/, perf/, eval/, env/<tag>/.
-Heavy libraries (tensorboard, matplotlib, rich, tqdm) are imported only where used, so
+Heavy libraries (tensorboard, wandb, matplotlib, rich, tqdm) are imported only where used, so
 `import agentrl.metrics` stays cheap.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from agentrl.errors import ConfigError
 
-LOGGERS = ("console", "jsonl", "tensorboard")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 JSONL_NAME, SUMMARY_NAME = "metrics.jsonl", "summary.json"
 
 
@@ -88,10 +88,11 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 class MetricsLogger:
-    """The one object a run logs through: metrics.jsonl, TensorBoard and a progress bar."""
+    """The one object a run logs through: metrics.jsonl, TensorBoard, W&B and a progress bar."""
 
-    def __init__(self, run_dir: str | Path, *, loggers: Sequence[str] = LOGGERS, total_steps: int,
-                 show_progress: bool = True, resume_from_step: int | None = None) -> None:
+    def __init__(self, run_dir: str | Path, *, loggers: Sequence[str] = LOGGERS[:3], total_steps: int,
+                 show_progress: bool = True, resume_from_step: int | None = None, run_name: str = "agentrl",
+                 run_config: dict[str, Any] | None = None) -> None:
         unknown = [name for name in loggers if name not in LOGGERS]
         if unknown:
             raise ConfigError(f"unknown logger '{unknown[0]}'; allowed loggers: {', '.join(LOGGERS)}")
@@ -101,6 +102,11 @@ class MetricsLogger:
         self._rows: list[dict] = []
         self._file = self._open_jsonl(resume_from_step) if "jsonl" in loggers else None
         self._writer = self._open_writer(resume_from_step) if "tensorboard" in loggers else None
+        self._wandb = None
+        if "wandb" in loggers:
+            from agentrl.wandb_sink import WandbSink
+
+            self._wandb = WandbSink(self.run_dir, run_name, run_config, resume=resume_from_step is not None)
         self._bar, self._postfix = None, {}
         if show_progress and "console" in loggers:
             from tqdm import tqdm
@@ -136,6 +142,8 @@ class MetricsLogger:
             for key, value in row.items():
                 if key != "step":
                     self._writer.add_scalar(key, value, global_step=row["step"])
+        if self._wandb is not None:
+            self._wandb.log(row)
         if self._bar is not None:
             self._advance_bar(row)
 
@@ -157,7 +165,7 @@ class MetricsLogger:
         return [dict(r) for r in self._rows]
 
     def close(self) -> None:
-        """Close the bar, the jsonl file and the TensorBoard writer (safe to call twice)."""
+        """Close the bar, the jsonl file, the TensorBoard writer and the W&B run (safe to call twice)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -167,6 +175,9 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._wandb is not None:
+            self._wandb.close()
+            self._wandb = None
 
     def __enter__(self) -> MetricsLogger:
         return self

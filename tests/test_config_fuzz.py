@@ -100,12 +100,13 @@ SEMANTIC = [
     ("actor.lr_warmup_steps_ratio", "1"), ("actor.loss_scale_factor", "0"), ("actor.behav_imp_weight_cap", "1"),
     ("algorithm.gamma", "1.5"), ("algorithm.lam", "-0.1"), ("algorithm.kl_ctrl.kl_coef", "-1"),
     ("algorithm.kl_ctrl.horizon", "0"), ("algorithm.kl_ctrl.target_kl", "0"), ("trainer.test_freq", "-1"),
-    ("trainer.save_freq", "-1"), ("trainer.logger", "[foo]"), ("trainer.logger", "[jsonl, wandb]"),
+    ("trainer.save_freq", "-1"), ("trainer.logger", "[foo]"), ("trainer.logger", "[jsonl, mlflow]"),
     ("env.type", "no_such_env"), ("env.type", "frozen_lak"), ("agent.type", "no_such_agent"),
     ("algorithm.adv_estimator", "no_such_estimator"), ("env.args.map_name", "9x9"), ("env.args.no_such_arg", "1"),
     ("agent.args.no_such_arg", "1"), ("imports", "[no_such_module_xyz]"), ("train_env_manager.tags", "[nowhere]"),
     ("train_env_manager.n_groups", "[0]"), ("train_env_manager.n_groups", "[1, 2]"), ("val_env_manager.tags", "[x]"),
-    ("model.path", "/no/such/model/dir"), ("custom_envs", "abc"),
+    ("model.path", "/no/such/model/dir"), ("custom_envs", "abc"), ("trainer.on_collapse", "halt"),
+    ("trainer.dump_max_tokens", "0"), ("health.patience", "0"), ("health.reply_repeat", "2"),
 ]
 
 

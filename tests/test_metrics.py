@@ -138,9 +138,9 @@ def test_summary_table_formats_rows():
 
 def test_unknown_logger_raises_config_error(tmp_path):
     with pytest.raises(ConfigError) as err:
-        MetricsLogger(tmp_path, loggers=["jsonl", "wandb"], total_steps=1)
+        MetricsLogger(tmp_path, loggers=["jsonl", "mlflow"], total_steps=1)
     msg = str(err.value)
-    assert "wandb" in msg and all(name in msg for name in ("console", "jsonl", "tensorboard"))
+    assert "mlflow" in msg and all(name in msg for name in ("console", "jsonl", "tensorboard", "wandb"))
 
 
 def test_timer_accumulates_same_scope():

@@ -1,11 +1,13 @@
 """The training loop: each step is a short list of named stages, in the order data moves.
 
-    collect -> pack -> score -> reward -> advantages -> update -> sync -> (evaluate) -> log -> (checkpoint)
+    collect -> pack -> score -> reward -> advantages -> update -> (dump) -> sync -> health
+            -> (evaluate) -> log -> (checkpoint)
 
 `collect` asks the rollout source for the step's groups and applies the group filters (DAPO
 dynamic sampling, RAGEN variance filter); `score` recomputes the trainer's logprobs (the
 proximal policy) and, when used, the reference's and the critic's; `reward` applies a KL
-penalty to the token rewards when configured.
+penalty to the token rewards when configured; `dump` writes the trained batch for `agentrl view`
+and `health` computes the collapse signals and alarms (train/watch.py).
 
 The trainer knows nothing of envs, agents or engines: it gets a rollout source (rollout/source.py)
 that plays a step's groups and an evaluation and takes new weights, and the actor it updates.
@@ -24,7 +26,7 @@ import torch
 from agentrl.algos.advantages import compute_advantages
 from agentrl.algos.kl_control import KLController
 from agentrl.algos.losses import kl_penalty, masked_mean
-from agentrl.config import Config
+from agentrl.config import Config, to_dict
 from agentrl.errors import CheckpointError, RolloutError
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult
@@ -35,6 +37,7 @@ from agentrl.trajectory import Trajectory
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch, pack
 from agentrl.train.checkpoint import newest_readable, rng_state, save_checkpoint, set_rng_state
+from agentrl.train.watch import Watch
 
 ERRORS_NAME = "errors.jsonl"  # failed episode attempts of a run, one JSON line each
 
@@ -63,6 +66,7 @@ class Trainer:
         self.log: Callable[[str], None] = print  # warnings for the user (the CLI sends them to stderr)
         self.restored_from: Path | None = None  # the checkpoint a resume continued from
         self._restored = False
+        self.watch = Watch(cfg, self.run_dir, tokenizer, actor, log=lambda m: self.log(m))  # dumps, alarms
 
     # ------------------------------------------------------------------ the loop
     def fit(self, resume: bool = False) -> dict[str, Any]:
@@ -73,7 +77,10 @@ class Trainer:
         self.logger = MetricsLogger(self.run_dir, loggers=self.cfg.trainer.logger,
                                     total_steps=self.cfg.trainer.total_steps,
                                     show_progress=self.cfg.trainer.progress,
-                                    resume_from_step=self.step_idx if self.restored_from else None)
+                                    resume_from_step=self.step_idx if self.restored_from else None,
+                                    run_name=self.cfg.exp_name, run_config=to_dict(self.cfg))
+        if self.restored_from:
+            self.watch.resumed(self.step_idx)
         try:
             if self.step_idx == 0:
                 before = self.evaluate()
@@ -125,10 +132,15 @@ class Trainer:
                     metrics.update(self.critic.update(batch))
                 metrics["policy/lr"] = self.actor.schedule(self.step_idx - 1, self.cfg.trainer.total_steps)
                 metrics.update(self.actor.update(batch))
+            if self.watch.dump_due(self.step_idx):
+                with self.timer.scope("dump"):
+                    self.watch.dump(self.step_idx, result.trajectories, batch, self.version)
             with self.timer.scope("sync"):
                 self.sync()
             metrics.update(rollout_metrics(result, batch))
             metrics.update(tag_metrics(result.trajectories, "env"))
+            with self.timer.scope("health"):
+                metrics.update(self.watch.health(self.step_idx, result.trajectories, metrics))
         metrics.update(self.rollout.pop_metrics())
         if self._due(self.cfg.trainer.test_freq):
             with self.timer.scope("evaluate"):
@@ -138,6 +150,7 @@ class Trainer:
         # Logged before the checkpoint: a run killed between the two resumes with this step's
         # row in place (its checkpoint time is counted in the next step's perf/).
         self.logger.log(self.step_idx, metrics)
+        self.watch.act(self.step_idx)  # warns of new alarms; on_collapse=stop rolls back and raises
         if self._due(self.cfg.trainer.save_freq):
             with self.timer.scope("checkpoint"):
                 self._checkpoint()
@@ -271,7 +284,7 @@ class Trainer:
         # a weight update): the engine continues from the state a resumed run starts in.
         state = {"policy_version": self.version, **self.rollout.checkpoint(),
                  "rng": rng_state(), "summary": dict(self.summary),
-                 "kl_coef": self.kl_ctrl.value,
+                 "kl_coef": self.kl_ctrl.value, "health": self.watch.monitor.state_dict(),
                  "critic": self.critic.state_dict() if self.critic is not None else None}
         save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
                         self.actor.optimizer, state, keep=self.cfg.trainer.max_checkpoints)
@@ -293,6 +306,8 @@ class Trainer:
         self.step_idx = int(state["step"])
         self.summary = dict(state.get("summary", {}))
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
+        if state.get("health"):
+            self.watch.monitor.load_state_dict(state["health"])
         if self.critic is not None and state.get("critic") is not None:
             self.critic.load_state_dict(state["critic"])
         set_rng_state(state["rng"])
