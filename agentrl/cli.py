@@ -1,10 +1,11 @@
-"""Command line: `agentrl train | eval`.
+"""Command line: `agentrl train | resume | eval | export`.
 
     agentrl train                                     # the embedded default (4x4 FrozenLake)
     agentrl train configs/frozen_lake.yaml trainer.total_steps=20 seed=3
     agentrl train --config-path configs --config-name frozen_lake_random
     agentrl resume runs/frozen_lake                   # continue a killed run from its last checkpoint
     agentrl eval runs/frozen_lake                     # evaluate the run's latest checkpoint
+    agentrl export runs/frozen_lake                   # the latest checkpoint as a model folder (LoRA merged)
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate a run's latest checkpoint")
     e.add_argument("run_dir")
     e.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.eval_episodes=64")
+    x = sub.add_parser("export", help="write a run's latest checkpoint as a Hugging Face model folder "
+                                      "(a LoRA adapter merged into its base)")
+    x.add_argument("run_dir")
+    x.add_argument("--out", help="folder to write (default RUN_DIR/export)")
     return p
 
 
@@ -111,6 +116,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     """`agentrl eval RUN_DIR`: the newest checkpoint that loads (a corrupt newer one is skipped)."""
     from agentrl.config import load_config
     from agentrl.metrics import summary_table
+    from agentrl.models.lora import is_adapter_folder
     from agentrl.runtime.build import build_trainer
     from agentrl.train.checkpoint import newest_readable
 
@@ -120,12 +126,26 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     found = newest_readable(run_dir / "checkpoints", warn=lambda m: print(m, file=sys.stderr))
     if found is None:
         raise AgentRLError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
-    ckpt, (_, _, state) = found
-    cfg = load_config(run_dir / "config.yaml", [*ns.overrides, f"model.path={ckpt}"])
+    ckpt, (weights, _, state) = found
+    adapter = is_adapter_folder(ckpt)  # LoRA: the run's own base model, the checkpoint's adapter
+    cfg = load_config(run_dir / "config.yaml", [*ns.overrides, *([] if adapter else [f"model.path={ckpt}"])])
     trainer = build_trainer(cfg, run_dir, log=lambda m: print(m, file=sys.stderr))
+    if adapter:
+        trainer.actor.load_weights(weights)
+        trainer.sync()
     trainer.step_idx = int(state["step"])  # samples.jsonl rows carry the checkpoint's step
     metrics = trainer.evaluate()
     print(summary_table({"checkpoint": ckpt.name, **metrics}))
+    return 0
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    """`agentrl export RUN_DIR`: the newest checkpoint that loads, as a standalone model folder."""
+    from agentrl.runtime.export import export_run
+
+    ckpt, out = export_run(Path(ns.run_dir), Path(ns.out) if ns.out else None,
+                           log=lambda m: print(m, file=sys.stderr))
+    print(f"exported {ckpt.name} of {ns.run_dir} to {out}")
     return 0
 
 
@@ -147,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
-        return {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval}[ns.command](ns)
+        return {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval,
+                "export": cmd_export}[ns.command](ns)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.config_limits import check_limits
+from agentrl.config_model import check_model_section
 from agentrl.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:  # config.py calls validate; the types only are needed here
@@ -67,6 +68,7 @@ def validate(cfg: Config) -> None:
     if not 0.0 <= cfg.algorithm.gamma <= 1.0:
         raise ConfigError(f"algorithm.gamma={cfg.algorithm.gamma} must be in [0, 1]")
     _validate_algorithm(cfg)
+    check_model_section(cfg)
     _validate_env_groups(cfg)
     if t.test_freq < 0 or t.save_freq < 0:
         raise ConfigError("trainer.test_freq and trainer.save_freq must be >= 0")
