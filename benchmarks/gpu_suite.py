@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import gc
 import json
 import statistics
@@ -49,22 +50,23 @@ import rollout_throughput as rt  # noqa: E402  (its clients, limit loop, clocks 
 
 from agentrl.config import LoraConfig, load_config  # noqa: E402
 from agentrl.models.loading import load_pretrained  # noqa: E402
-from agentrl.models.lora import apply_lora  # noqa: E402
 from agentrl.models.qwen_shape import QWEN_SHAPES, build_qwen_shaped  # noqa: E402
 from agentrl.registry import load_builtins  # noqa: E402
 from agentrl.rollout.tasks import make_tasks  # noqa: E402
-from agentrl.runtime.build import seed_everything  # noqa: E402
+from agentrl.runtime.build import build_learners, seed_everything  # noqa: E402
 from agentrl.runtime.envs import make_env_factories  # noqa: E402
 from agentrl.train.actor import Actor  # noqa: E402
 from agentrl.train.batch import micro_batches, pack  # noqa: E402
-from agentrl.train.forward import token_logprobs  # noqa: E402
+from agentrl.train.forward import logprobs, token_logprobs  # noqa: E402
 
 TAG = rt.TAG
 # The reduced shape of --quick (CPU): the 0.5B config with small widths, 2 layers, a small vocabulary.
 QUICK_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=1024)
-# What the suite trains with on a GPU unless overridden (verl's use_remove_padding / dynamic bsz).
-GPU_OVERRIDES = ["model.use_remove_padding=true", "actor.max_tokens_per_micro_batch=16384"]
+# What the suite trains with on a GPU unless overridden (verl's dynamic bsz, and its
+# use_remove_padding where flash-attention's variable-length kernels are installed).
+GPU_OVERRIDES = ["actor.max_tokens_per_micro_batch=16384",
+                 *(["model.use_remove_padding=true"] if importlib.util.find_spec("flash_attn") else [])]
 
 
 # ---------------------------------------------------------------------------- sections
@@ -121,19 +123,15 @@ def section_update(ctx: dict) -> dict:
     out = {"tokens": tokens, "episodes": batch.size, "sync": {}}
     for name in ("plain", "full", "lora"):
         gc.collect()
+        variant = copy.deepcopy(cfg)  # plain and full: no LoRA; lora: the configured one, else rank 32
+        lora = cfg.model.lora if cfg.model.lora.enabled else LoraConfig(rank=32, alpha=64.0)  # verl: r32 ~ full on 0.5B
+        variant.model.lora = lora if name == "lora" else LoraConfig()
         with rt.PeakMemory(device) as mem:  # the variant's weights, optimizer state and activations
-            model = copy.deepcopy(ctx["model"]).train()
-            if cfg.model.enable_gradient_checkpointing:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if name == "lora":
-                model = apply_lora(model, cfg.model.lora if cfg.model.lora.enabled else LoraConfig(rank=32, alpha=64.0),
-                                   cfg.seed)  # verl's docs: rank 32 on 0.5B matches full fine-tuning
-            actor = None
+            # The learners exactly as a run builds them (LoRA, checkpointing, attention kernels).
+            actor, _, _ = build_learners(variant, copy.deepcopy(ctx["model"]), device)
             if name == "plain":
-                run = _plain_loop(model, batch, cfg, device)
+                run = _plain_loop(actor, batch, device)
             else:
-                actor = Actor(model, cfg.actor, cfg.rollout.temperature, horizon=64.0,
-                              packed=cfg.model.use_remove_padding)
                 batch.old_logprobs = actor.compute_logprobs(batch)
                 batch.advantages = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(0))
                 run = partial(actor.update, batch)
@@ -142,9 +140,9 @@ def section_update(ctx: dict) -> dict:
                 run()
         out[name] = {"seconds": round(clock.wall, 4), "tokens_per_s": round(tokens / clock.wall, 1),
                      "peak_mem_mb": round(mem.peak / 2**20, 1)}
-        if actor is not None:
+        if name != "plain":
             out["sync"][name] = _sync_seconds(ctx, actor)
-        del model, actor, run
+        del actor, run
     out["full_vs_plain"] = round(out["full"]["tokens_per_s"] / out["plain"]["tokens_per_s"], 3)
     out["lora_vs_full_time"] = round(out["lora"]["seconds"] / out["full"]["seconds"], 3)
     out["lora_vs_full_memory"] = round(out["lora"]["peak_mem_mb"] / max(out["full"]["peak_mem_mb"], 1e-9), 3)
@@ -188,30 +186,22 @@ def section_staleness(ctx: dict, steps: int) -> dict:
     return out
 
 
-def _plain_loop(model, batch, cfg, device):
-    """fwd + bwd + AdamW over the actor's micro-batches, next-token cross-entropy on the loss mask."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    master = [p.detach().float().clone().requires_grad_(True) if p.dtype != torch.float32 else p for p in params]
-    opt = torch.optim.AdamW(master, lr=1e-6)
-    a = cfg.actor
-    groups = micro_batches(batch.attention_mask, torch.arange(batch.size), a.micro_batch_size,
-                           a.max_tokens_per_micro_batch, packed=cfg.model.use_remove_padding)
+def _plain_loop(actor: Actor, batch, device: torch.device):
+    """fwd + bwd + AdamW over the actor's own micro-batches, weights and optimizer (float32 masters
+    included): next-token cross-entropy on the loss mask, none of PPO's extra work (ratios,
+    clipping, entropy, checks, statistics)."""
+    model, o = actor.model.train(), actor.options
+    groups = micro_batches(batch.attention_mask, torch.arange(batch.size), o.micro_batch_size, o.max_tokens, o.packed)
 
     def run() -> None:
-        opt.zero_grad(set_to_none=True)
+        actor.optimizer.zero_grad(set_to_none=True)
         for rows in groups:
             mb = batch.select(rows).to(device)
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
-            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), mb.input_ids[:, 1:], reduction="none")
-            (loss * mb.loss_mask[:, 1:]).sum().div(mb.loss_mask.sum().clamp(min=1)).backward()
-        for p, m in zip(params, master):
-            if m is not p:
-                m.grad, p.grad = p.grad.float(), None
-        opt.step()
-        with torch.no_grad():
-            for p, m in zip(params, master):
-                if m is not p:
-                    p.copy_(m)
+            logp = logprobs(model, mb.input_ids, mb.attention_mask, 1.0, o.packed)  # the same pass, padded or packed
+            (-(logp * mb.loss_mask).sum() / mb.loss_mask.sum().clamp(min=1)).backward()
+        actor.master.grads_to_master()
+        actor.optimizer.step()
+        actor.master.master_to_model()
     return run
 
 

@@ -115,6 +115,12 @@ def load_adapter_state(model: torch.nn.Module, state: dict[str, Any]) -> torch.n
     the adapter layers first if it has none; returns the model (changed in place)."""
     peft = require_peft()
     tensors = {k: v for k, v in state.items() if k != ADAPTER_CONFIG}
+    targets = _adapter_params(model, tensors)
+    if targets is not None:  # every push after the first: plain copies, no peft key remapping
+        with torch.no_grad():
+            for key, value in tensors.items():
+                targets[key].copy_(value)
+        return model
     if not hasattr(model, "peft_config"):
         config = {k: v for k, v in state[ADAPTER_CONFIG].items() if k in _LORA_FIELDS}
         # Injection draws random initial adapters that the copy below overwrites: keep the
@@ -130,6 +136,25 @@ def load_adapter_state(model: torch.nn.Module, state: dict[str, Any]) -> torch.n
         raise ValueError(f"adapter state does not fit the model: missing {missing[:3]}, "
                          f"unexpected {list(result.unexpected_keys)[:3]}")
     return model
+
+
+def _adapter_params(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """{saved key: the model's parameter} when every key names an adapter weight `model` already
+    has under peft's in-memory name (`<module>.lora_A.default.weight`), else None."""
+    if not hasattr(model, "peft_config"):
+        return None
+    params = dict(model.named_parameters())
+    found = {}
+    for key in tensors:
+        stem, dot, leaf = key.rpartition(".")
+        name = f"{stem}.default{dot}{leaf}"
+        for candidate in (name, name.removeprefix("base_model.model.")):
+            if candidate in params and params[candidate].shape == tensors[key].shape:
+                found[key] = params[candidate]
+                break
+        else:
+            return None
+    return found
 
 
 _LORA_FIELDS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora", "fan_in_fan_out",

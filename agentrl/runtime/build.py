@@ -120,6 +120,10 @@ def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor
     if cfg.rollout.max_episode_tokens:
         horizon = min(horizon, float(cfg.rollout.max_episode_tokens))
     m = cfg.model
+    if m.use_remove_padding and packed_kernels_available(model, device):
+        # Variable-length kernels: packed sequences cost what their own lengths cost. Without
+        # them sdpa gets a block-diagonal mask: right, but its attention computes the masked blocks.
+        model.set_attn_implementation("flash_attention_2")
     if m.enable_gradient_checkpointing:
         # Non-reentrant checkpointing needs no input that requires grad (a frozen LoRA base).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -137,6 +141,16 @@ def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor
         seed_everything(cfg.seed)
         critic = Critic(ValueModel(policy).to(device), cfg.critic, horizon, packed=m.use_remove_padding)
     return actor, reference, critic
+
+
+def packed_kernels_available(model: Any, device: torch.device) -> bool:
+    """Whether flash-attention's variable-length kernels can run the trainer's packed passes
+    (CUDA, half-precision weights, the flash_attn package installed)."""
+    import importlib.util
+
+    dtype = next(model.parameters()).dtype
+    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+            and importlib.util.find_spec("flash_attn") is not None)
 
 
 def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:

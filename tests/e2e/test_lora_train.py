@@ -19,7 +19,8 @@ from agentrl.train.checkpoint import latest_checkpoint
 
 from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
 
-LORA = [*TINY, "model.lora.rank=8", "model.lora.alpha=16", "actor.lr=0.05"]
+# An entropy bonus gives a gradient even when a tiny run's groups all score alike (zero advantages).
+LORA = [*TINY, "model.lora.rank=8", "model.lora.alpha=16", "actor.lr=0.05", "actor.entropy_coeff=0.01"]
 
 
 def _logprobs(model, ids):
@@ -44,7 +45,7 @@ def test_only_the_adapters_train_and_travel_to_the_engine(lora_run):
     policy = trainer.actor.model
     trained = {n: p for n, p in policy.named_parameters() if p.requires_grad}
     assert trained and all("lora_" in n for n in trained)
-    assert any(float(p.abs().max()) > 0 for n, p in trained.items() if "lora_B" in n)  # B started at 0
+    assert any(float(p.detach().abs().max()) > 0 for n, p in trained.items() if "lora_B" in n)  # B started at 0
     for name, p in policy.named_parameters():
         if "lora_" not in name:
             assert torch.equal(p, base_before[name]), f"base weight {name} changed"
@@ -66,8 +67,10 @@ def test_the_checkpoint_is_a_peft_adapter_with_the_same_logprobs_and_export_merg
     ids = torch.tensor([trainer.tokenizer.encode("user\nFrozenLake. Move P to G.\nassistant\n<answer>Right")])
     want = _logprobs(trainer.actor.model, ids)
     torch.testing.assert_close(_logprobs(loaded, ids), want, rtol=0, atol=1e-6)
-    assert not torch.allclose(_logprobs(loaded.get_base_model(), ids), want, atol=1e-3)  # the adapter matters here
+    with loaded.disable_adapter():
+        assert not torch.allclose(_logprobs(loaded, ids), want, atol=1e-3)  # the adapter matters here
 
+    assert cli_main(["eval", str(run)]) == 0  # the run's base with the checkpoint's adapter
     assert cli_main(["export", str(run)]) == 0
     merged = AutoModelForCausalLM.from_pretrained(run / "export")
     assert not any("lora" in n for n, _ in merged.named_parameters())

@@ -13,7 +13,9 @@ from agentrl.llm.engine import SamplingParams
 from agentrl.llm.local import LocalEngine
 from agentrl.models.lora import ADAPTER_CONFIG, adapter_state, apply_lora, is_adapter_state
 from agentrl.runtime.build import build_parts
-from agentrl.train.actor import token_logprobs
+from agentrl.train.actor import Reference, token_logprobs
+from agentrl.train.batch import pack
+from agentrl.trajectory import Trajectory
 
 
 @pytest.mark.parametrize("override, field", [
@@ -44,21 +46,20 @@ def test_a_target_module_that_matches_nothing_fails_before_any_model_is_built(tm
 def test_an_engine_given_the_adapter_state_serves_the_trained_policy(tiny_model, tiny_tokenizer):
     base_weights = {k: v.clone() for k, v in tiny_model.state_dict().items()}
     policy = apply_lora(copy.deepcopy(tiny_model), LoraConfig(rank=4, alpha=8.0), seed=0)
-    with torch.no_grad():  # a trained adapter: B is zero at initialisation
+    engine = LocalEngine(copy.deepcopy(tiny_model), eos_token_ids=(tiny_tokenizer.eos_token_id,),
+                         pad_token_id=tiny_tokenizer.pad_token_id, tokenizer=tiny_tokenizer)
+    prompt = tiny_tokenizer.encode("user\nFrozenLake. Move P to G", add_special_tokens=False)
+    sampling = SamplingParams(max_new_tokens=6, seed=3)
+    assert engine.load_weights(adapter_state(policy)) == 1  # injects the adapter layers (B = 0: no change yet)
+    before = asyncio.run(engine.generate(prompt, sampling))
+    with torch.no_grad():  # an update: B is zero at initialisation
         for name, p in policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(len(name)))
     state = adapter_state(policy)
     assert is_adapter_state(state) and state[ADAPTER_CONFIG]["r"] == 4
     assert all("lora_" in k for k in state if k != ADAPTER_CONFIG)  # no base weight travels
-
-    engine = LocalEngine(copy.deepcopy(tiny_model), eos_token_ids=(tiny_tokenizer.eos_token_id,),
-                         pad_token_id=tiny_tokenizer.pad_token_id, tokenizer=tiny_tokenizer)
-    prompt = tiny_tokenizer.encode("user\nFrozenLake. Move P to G", add_special_tokens=False)
-    sampling = SamplingParams(max_new_tokens=6, seed=3)
-    before = asyncio.run(engine.generate(prompt, sampling))
-    assert engine.load_weights(state) == 1
-    assert engine.load_weights(state) == 2  # a second push copies tensors into the injected layers
+    assert engine.load_weights(state) == 2  # copies the new adapter tensors into the injected layers
     after = asyncio.run(engine.generate(prompt, sampling))
 
     def trainer_logprobs(model, completion):
@@ -74,3 +75,21 @@ def test_an_engine_given_the_adapter_state_serves_the_trained_policy(tiny_model,
     for name, value in base_weights.items():  # the engine's base weights are never reloaded
         key = name.replace(".weight", ".base_layer.weight").replace(".bias", ".base_layer.bias")
         assert torch.equal(served[key if key in served else name], value), name
+
+
+def test_the_reference_of_a_lora_policy_is_its_base_without_a_copy(tiny_model):
+    policy = apply_lora(copy.deepcopy(tiny_model), LoraConfig(rank=4), seed=0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.05)
+    ids = [5 + (3 * k) % 200 for k in range(12)]
+    batch = pack([Trajectory(ids, [0] * 6 + [1] * 6, [0.0] * 12, [0] * 12, [1.0], [11], 0, 0)], pad_token_id=0)
+    reference = Reference(policy, 4, temperature=1.0)
+    assert reference.model is policy  # no second copy of the model
+    ref = reference.compute_logprobs(batch)
+    torch.testing.assert_close(ref, token_logprobs(tiny_model, batch.input_ids, batch.attention_mask),
+                               rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        adapted = token_logprobs(policy, batch.input_ids, batch.attention_mask)
+    assert not torch.allclose(ref, adapted, atol=1e-3)  # the adapters are on again afterwards
