@@ -84,7 +84,8 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters (peft): with rank > 0 only they train, travel to the engine and are checkpointed."""
     use_remove_padding: bool = False
-    """Trainer forward passes pack a micro-batch's sequences into one row, no padding (verl's name)."""
+    """Trainer forward passes pack a micro-batch's sequences into one row, no padding (verl's name);
+    pays with flash-attention on CUDA (variable-length kernels), not with sdpa's block-diagonal mask."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
 

@@ -65,7 +65,7 @@ QUICK_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, n
                    num_key_value_heads=2, vocab_size=1024)
 # What the suite trains with on a GPU unless overridden (verl's dynamic bsz, and its
 # use_remove_padding where flash-attention's variable-length kernels are installed).
-GPU_OVERRIDES = ["actor.max_tokens_per_micro_batch=16384",
+GPU_OVERRIDES = ["actor.max_tokens_per_micro_batch=8192",
                  *(["model.use_remove_padding=true"] if importlib.util.find_spec("flash_attn") else [])]
 
 

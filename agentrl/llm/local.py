@@ -101,7 +101,7 @@ class LocalEngine:
             self._task = loop.create_task(self._serve())
         return await req.future
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> int:
+    def load_weights(self, state_dict: dict[str, Any]) -> int:
         """Copy new policy weights in between two steps; returns the new policy version.
 
         `state_dict` is the model's full state dict, or a LoRA adapter state (models/lora.py):

@@ -19,12 +19,9 @@ from agentrl.train.precision import MasterWeights
 
 
 @torch.no_grad()
-def batch_logprobs(model: torch.nn.Module, batch: Batch, options: ForwardOptions | int,
+def batch_logprobs(model: torch.nn.Module, batch: Batch, options: ForwardOptions,
                    temperature: float) -> torch.Tensor:
-    """`model`'s logprobs of every token of `batch`, (B, T), computed in micro-batches
-    (`options` as a number: that many rows per padded pass)."""
-    if isinstance(options, int):
-        options = ForwardOptions(options)
+    """`model`'s logprobs of every token of `batch`, (B, T), computed in micro-batches."""
     model.eval()
     device = next(model.parameters()).device
     out = torch.zeros_like(batch.behaviour_logprobs)
@@ -40,10 +37,10 @@ class Reference:
     """The starting policy, frozen, for KL terms: a copy of it, or (LoRA) the trained model itself
     with its adapters switched off, which costs no memory (verl's ref_in_actor)."""
 
-    def __init__(self, model: torch.nn.Module, options: ForwardOptions | int, temperature: float) -> None:
+    def __init__(self, model: torch.nn.Module, options: ForwardOptions, temperature: float) -> None:
         self.adapters_off = is_peft(model)
         self.model = model if self.adapters_off else model.eval().requires_grad_(False)
-        self.options = ForwardOptions(options) if isinstance(options, int) else options
+        self.options = options
         self.temperature = temperature
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -111,12 +108,8 @@ class Actor:
         else:
             self.model.load_state_dict(weights, strict=False)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Optimizer state and float32 master copies, for checkpoints."""
-        return {"optimizer": self.optimizer.state_dict(), "master": self.master.state_dict()}
-
-    def load_state_dict(self, optimizer: dict[str, Any], master: dict[int, torch.Tensor] | None) -> None:
-        """Restore what a checkpoint holds of the optimizer side."""
+    def load_optimizer_state(self, optimizer: dict[str, Any], master: dict[int, torch.Tensor] | None) -> None:
+        """Restore the optimizer's state and the float32 master copies a checkpoint holds."""
         self.optimizer.load_state_dict(optimizer)
         self.master.load_state_dict(master)
 
@@ -151,7 +144,7 @@ class Actor:
         mb = batch.select(rows).to(self.device)
         w = weights[rows, : mb.input_ids.shape[1]].to(self.device) if weights is not None else None
         logp, entropy = logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature,
-                                 self.options.packed, with_entropy=True)
+                                 self.options.packed, with_entropy=True, entropy_grad=bool(cfg.entropy_coeff))
         loss, pg = policy_loss(cfg.policy_loss.loss_mode, logp, mb.old_logprobs, mb.advantages,
                                mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
                                cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w,

@@ -27,11 +27,12 @@ class ForwardOptions:
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False):
+                   temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True):
     """Logprob of each token given the ones before it, (B, T) with 0 at position 0.
 
     Logits are divided by `temperature` first: the engine samples from that distribution, so
-    the ratio to the behaviour policy is 1 on-policy.
+    the ratio to the behaviour policy is 1 on-policy. With `entropy_grad` off the entropy is a
+    statistic only: no graph is kept for it (two (B, T, vocab) tensors less to hold).
     """
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     logits = logits / temperature
@@ -40,16 +41,20 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     logp = torch.nn.functional.pad(logp, (1, 0))
     if not with_entropy:
         return logp
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, torch.nn.functional.pad(entropy, (1, 0))
+    return logp, torch.nn.functional.pad(_entropy(logp_all, entropy_grad), (1, 0))
+
+
+def _entropy(logp_all: torch.Tensor, grad: bool) -> torch.Tensor:
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        return -(logp_all.exp() * logp_all).sum(-1)
 
 
 def logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
-             packed: bool, with_entropy: bool = False):
+             packed: bool, with_entropy: bool = False, entropy_grad: bool = True):
     """`token_logprobs` of a right-padded micro-batch, through the padded or the packed pass."""
     if packed:
-        return packed_logprobs(model, input_ids, attention_mask, temperature, with_entropy)
-    return token_logprobs(model, input_ids, attention_mask, temperature, with_entropy)
+        return packed_logprobs(model, input_ids, attention_mask, temperature, with_entropy, entropy_grad)
+    return token_logprobs(model, input_ids, attention_mask, temperature, with_entropy, entropy_grad)
 
 
 def packed_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -71,7 +76,7 @@ def unpack_shifted(flat: torch.Tensor, positions: torch.Tensor, where: torch.Ten
 
 
 def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    temperature: float = 1.0, with_entropy: bool = False):
+                    temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = True):
     """`token_logprobs` of a right-padded micro-batch (B, T), computed in one packed row."""
     ids, positions, where = packed_rows(input_ids, attention_mask)
     logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0].float() / temperature
@@ -81,8 +86,7 @@ def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     out = unpack_shifted(logp, positions, where)
     if not with_entropy:
         return out
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return out, unpack_shifted(entropy, positions, where)
+    return out, unpack_shifted(_entropy(logp_all, entropy_grad), positions, where)
 
 
 def packed_hidden(body: torch.nn.Module, input_ids: torch.Tensor,

@@ -15,6 +15,7 @@ from agentrl.models.lora import ADAPTER_CONFIG, adapter_state, apply_lora, is_ad
 from agentrl.runtime.build import build_parts
 from agentrl.train.actor import Reference, token_logprobs
 from agentrl.train.batch import pack
+from agentrl.train.forward import ForwardOptions
 from agentrl.trajectory import Trajectory
 
 
@@ -85,7 +86,7 @@ def test_the_reference_of_a_lora_policy_is_its_base_without_a_copy(tiny_model):
                 p.fill_(0.05)
     ids = [5 + (3 * k) % 200 for k in range(12)]
     batch = pack([Trajectory(ids, [0] * 6 + [1] * 6, [0.0] * 12, [0] * 12, [1.0], [11], 0, 0)], pad_token_id=0)
-    reference = Reference(policy, 4, temperature=1.0)
+    reference = Reference(policy, ForwardOptions(4), temperature=1.0)
     assert reference.model is policy  # no second copy of the model
     ref = reference.compute_logprobs(batch)
     torch.testing.assert_close(ref, token_logprobs(tiny_model, batch.input_ids, batch.attention_mask),
