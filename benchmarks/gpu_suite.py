@@ -219,6 +219,9 @@ def prepare(shape: str, args, device: torch.device) -> dict:
     over = [f"seed={args.seed}", *([] if args.quick or device.type != "cuda" else GPU_OVERRIDES), *args.overrides]
     if args.max_turns != 8:
         over += [f"env.max_turns={args.max_turns}", f"env.args.max_steps={args.max_turns}"]
+    if args.quick:  # the staleness runs' batches too
+        over += [f"rollout.batch_size={args.episodes}", f"rollout.group_size={args.group_size}",
+                 f"actor.ppo_mini_batch_size={args.episodes}", f"actor.micro_batch_size={args.episodes}"]
     cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", over)
     load_builtins()
     (env_factory,) = make_env_factories(cfg).values()
@@ -245,7 +248,7 @@ def main() -> None:
     p.add_argument("--eval-episodes", type=int, default=8)
     p.add_argument("--model-dir", default="~/.cache/agentrl/qwen-shapes", help="where the shapes are built once")
     p.add_argument("--model-path", default=None, help="measure this Hugging Face folder instead of the shapes")
-    p.add_argument("--quick", action="store_true", help="reduced shape, 8 episodes, 3 turns, 2 steps (CPU smoke)")
+    p.add_argument("--quick", action="store_true", help="reduced shape, 4 episodes, 2 turns, 2 steps (CPU smoke)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. model.lora.rank=32")
     args = p.parse_args()
@@ -253,7 +256,7 @@ def main() -> None:
     if device.type != "cuda" and not args.model_path:
         args.quick = True  # a full shape on CPU takes hours and measures nothing a GPU user needs
     if args.quick:
-        args.episodes, args.group_size, args.max_turns, args.steps, args.eval_episodes = 8, 4, 3, 2, 4
+        args.episodes, args.group_size, args.max_turns, args.steps, args.eval_episodes = 4, 2, 2, 2, 2
         args.shapes = args.shapes.split(",")[0]
     args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
