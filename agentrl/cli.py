@@ -1,4 +1,4 @@
-"""Command line: `agentrl train | resume | eval | serve | view`.
+"""Command line: `agentrl train | resume | eval | serve | view | export`.
 
     agentrl train                                     # the embedded default (4x4 FrozenLake)
     agentrl train configs/frozen_lake.yaml trainer.total_steps=20 seed=3
@@ -7,6 +7,7 @@
     agentrl eval runs/frozen_lake                     # evaluate the run's latest checkpoint
     agentrl serve configs/frozen_lake.yaml serve.port=8000   # the policy over HTTP (OpenAI routes)
     agentrl view runs/frozen_lake [--serve]           # the trajectory viewer page of a run
+    agentrl export runs/frozen_lake                   # the latest checkpoint as a model folder (LoRA merged)
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--serve", action="store_true", help="also serve it on loopback (every step, loaded on demand)")
     v.add_argument("--port", type=int, default=7860, help="port of --serve (0: any free one)")
     v.add_argument("--max-steps", type=int, default=20, help="dumped steps inlined in the page (evenly spaced)")
+    x = sub.add_parser("export", help="write a run's latest checkpoint as a Hugging Face model folder "
+                                      "(a LoRA adapter merged into its base)")
+    x.add_argument("run_dir")
+    x.add_argument("--out", help="folder to write (default RUN_DIR/export)")
     return p
 
 
@@ -131,6 +136,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     """`agentrl eval RUN_DIR`: the newest checkpoint that loads (a corrupt newer one is skipped)."""
     from agentrl.config import load_config
     from agentrl.metrics import summary_table
+    from agentrl.models.lora import is_adapter_folder
     from agentrl.runtime.build import build_trainer
     from agentrl.train.checkpoint import newest_readable
 
@@ -140,9 +146,13 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     found = newest_readable(run_dir / "checkpoints", warn=lambda m: print(m, file=sys.stderr))
     if found is None:
         raise AgentRLError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
-    ckpt, (_, _, state) = found
-    cfg = load_config(run_dir / "config.yaml", [*ns.overrides, f"model.path={ckpt}"])
+    ckpt, (weights, _, state) = found
+    adapter = is_adapter_folder(ckpt)  # LoRA: the run's own base model, the checkpoint's adapter
+    cfg = load_config(run_dir / "config.yaml", [*ns.overrides, *([] if adapter else [f"model.path={ckpt}"])])
     trainer = build_trainer(cfg, run_dir, log=lambda m: print(m, file=sys.stderr))
+    if adapter:
+        trainer.actor.load_weights(weights)
+        trainer.sync()
     trainer.step_idx = int(state["step"])  # samples.jsonl rows carry the checkpoint's step
     metrics = trainer.evaluate()
     print(summary_table({"checkpoint": ckpt.name, **metrics}))
@@ -167,6 +177,16 @@ def cmd_view(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(ns: argparse.Namespace) -> int:
+    """`agentrl export RUN_DIR`: the newest checkpoint that loads, as a standalone model folder."""
+    from agentrl.runtime.export import export_run
+
+    ckpt, out = export_run(Path(ns.run_dir), Path(ns.out) if ns.out else None,
+                           log=lambda m: print(m, file=sys.stderr))
+    print(f"exported {ckpt.name} of {ns.run_dir} to {out}")
+    return 0
+
+
 _RUN_DIR: list[Path] = []  # the run folder of the running command, for the interrupt message
 
 
@@ -185,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
-        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "serve": cmd_serve, "view": cmd_view}
+        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "serve": cmd_serve,
+                    "view": cmd_view, "export": cmd_export}
         return commands[ns.command](ns)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)

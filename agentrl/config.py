@@ -19,6 +19,7 @@ import yaml
 from agentrl.config_algo import (ActorConfig, AlgorithmConfig, CriticConfig, FilterGroupsConfig,  # noqa: F401
                                  KLControlConfig, PolicyLossConfig)
 from agentrl.config_checks import BUILTIN_POLICY_LOSSES, validate  # noqa: F401  (BUILTIN_POLICY_LOSSES: re-exported)
+from agentrl.config_model import LoraConfig
 from agentrl.config_io import _all_keys, dataclass_docs, from_dict, parse_override, read_yaml, set_path
 from agentrl.config_serve import EngineServing, ServeConfig
 from agentrl.errors import ConfigError
@@ -74,13 +75,21 @@ class ModelConfig:
     path: Optional[str] = None
     """Local directory in Hugging Face layout; None builds and warm-starts the embedded tiny model."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype. float32 keeps engine and trainer logprobs equal; bfloat16 drifts by ~1e-2."""
+    """Weights of trainer and engine. bfloat16: both compute in it, the optimizer steps float32 master
+    copies (engine/trainer logprob gap: see README); float32 keeps the two equal to ~1e-6."""
     cache_dir: Optional[str] = None
     """Where warm-started tiny models are cached by config hash (default ~/.cache/agentrl)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """Shape of the embedded default model."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """Warm start of the embedded default model."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (peft): with rank > 0 only they train, travel to the engine and are checkpointed."""
+    use_remove_padding: bool = False
+    """Trainer forward passes pack a micro-batch's sequences into one row, no padding (verl's name);
+    pays with flash-attention on CUDA (variable-length kernels), not with sdpa's block-diagonal mask."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
 
 
 # ---------------------------------------------------------------------------- env + agent

@@ -105,6 +105,10 @@ class ActorConfig:
     """Episodes per optimizer step; the batch is split into batch_size / this updates."""
     micro_batch_size: int = 16
     """Episodes per forward/backward (gradient accumulation inside a mini-batch)."""
+    max_tokens_per_micro_batch: int = 0
+    """Token budget of one forward/backward (verl's ppo_max_token_len_per_gpu with use_dynamic_bsz):
+    a mini-batch's episodes, longest first, fill micro-batches up to this many tokens (padded: rows x
+    longest; packed: their sum); an episode longer than it gets one of its own. 0 = micro_batch_size."""
     clip_ratio_low: float = 0.2
     """PPO clip range below 1 (ratio >= 1 - clip_ratio_low)."""
     clip_ratio_high: float = 0.2
@@ -158,6 +162,8 @@ class CriticConfig:
     """Episodes per optimizer step."""
     micro_batch_size: int = 16
     """Episodes per forward/backward."""
+    max_tokens_per_micro_batch: int = 0
+    """Token budget of one forward/backward, as actor.max_tokens_per_micro_batch; 0 = micro_batch_size."""
     cliprange_value: float = 0.5
     """Value clipping around the values computed before the update."""
     grad_clip: float = 1.0

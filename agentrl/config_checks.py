@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.config_limits import check_limits
+from agentrl.config_model import check_model_section
 from agentrl.config_serve import validate_serve
 from agentrl.errors import ConfigError, did_you_mean
 
@@ -68,6 +69,7 @@ def validate(cfg: Config) -> None:
     if not 0.0 <= cfg.algorithm.gamma <= 1.0:
         raise ConfigError(f"algorithm.gamma={cfg.algorithm.gamma} must be in [0, 1]")
     _validate_algorithm(cfg)
+    check_model_section(cfg)
     _validate_env_groups(cfg)
     validate_serve(cfg)
     if t.test_freq < 0 or t.save_freq < 0 or t.dump_trajectories_freq < 0:

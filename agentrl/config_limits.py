@@ -47,6 +47,9 @@ SIZE_LIMITS: dict[str, int] = {
     "model.warm_start.batch_size": 2**16,
     "model.warm_start.patience": 1_000_000,
     "model.warm_start.min_steps": 1_000_000,
+    "model.lora.rank": 2**16,
+    "actor.max_tokens_per_micro_batch": 2**30,
+    "critic.max_tokens_per_micro_batch": 2**30,
 }
 MIN_VOCAB = 300  # the tiny tokenizer holds 256 byte symbols, 4 special and 4 tag tokens
 

@@ -71,7 +71,11 @@ class InferenceEngine(Protocol):
         ...
 
     def load_weights(self, state_dict: dict[str, Any]) -> int:
-        """Serve these weights from the next step on; return the new policy version."""
+        """Serve these weights from the next step on; return the new policy version.
+
+        `state_dict` is the policy's full state dict, or with LoRA an adapter state: the adapter
+        tensors under peft's saved names plus one non-tensor entry, `agentrl.models.lora.ADAPTER_CONFIG`,
+        holding the peft config as a dict (together: a peft adapter folder's contents)."""
         ...
 
     def reset_prefix_cache(self) -> bool:

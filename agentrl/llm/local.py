@@ -30,6 +30,7 @@ from agentrl.llm.engine_stats import EngineStats
 from agentrl.llm.kv_cache import SUPPORTED_LAYER_TYPES, SlotKVCache, attention_masks
 from agentrl.llm.sampler import sample_next, stop_string_hit
 from agentrl.llm.scheduler import Request, Scheduler, Sequence, check_context
+from agentrl.models.lora import is_adapter_state, load_adapter_state
 
 
 class LocalEngine:
@@ -100,15 +101,22 @@ class LocalEngine:
             self._task = loop.create_task(self._serve())
         return await req.future
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> int:
+    def load_weights(self, state_dict: dict[str, Any]) -> int:
         """Copy new policy weights in between two steps; returns the new policy version.
+
+        `state_dict` is the model's full state dict, or a LoRA adapter state (models/lora.py):
+        the first one injects adapter layers into the engine's base model, later ones copy
+        only the adapter tensors.
 
         With kv_on_weight_update=recompute, parked prefix caches are dropped and running
         sequences recompute their KV under the new weights at the next step; with keep, the
         old KV is reused and `Completion.kv_version` reports the oldest version it came from.
         """
         with self._lock:
-            self.model.load_state_dict(state_dict)
+            if is_adapter_state(state_dict):  # LoRA: only the adapters changed; the base stays
+                self.model = load_adapter_state(self.model, state_dict).eval()
+            else:
+                self.model.load_state_dict(state_dict)
             self.policy_version += 1
             if self.kv_on_weight_update == "recompute":
                 self.sched.drop_parked()

@@ -60,6 +60,9 @@ def _load_tokenizer(path: Path):
 
 def save_pretrained(model, tokenizer, path: str | Path) -> Path:
     """Write model (safetensors) and tokenizer to `path` atomically (temp folder, then rename)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     dst = Path(path)
     tmp = dst.with_name(dst.name + ".tmp")
     if tmp.exists():

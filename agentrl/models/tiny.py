@@ -34,7 +34,8 @@ _GENERIC = (
 )
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def build_tokenizer(corpus: Iterable[str], vocab_size: int, chat_template: str = CHAT_TEMPLATE,
+                    pad_token: str = "<|pad|>") -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on `corpus` and wrap it as a chat tokenizer (EOS = <|im_end|>)."""
     tok = Tokenizer(models.BPE())
     # Qwen2's split rule: every digit its own token, words keep a leading space, punctuation runs
@@ -58,12 +59,12 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
         tokenizer_object=tok,
         bos_token=None,
         eos_token="<|im_end|>",
-        pad_token="<|pad|>",
+        pad_token=pad_token,
         unk_token=None,
         padding_side="left",  # must be a constructor argument: the attribute is not saved
         model_max_length=4096,
     )
-    hf.chat_template = CHAT_TEMPLATE
+    hf.chat_template = chat_template
     return hf
 
 
@@ -72,10 +73,11 @@ def _with_generic(corpus: Iterable[str]) -> Iterable[str]:
     yield from corpus
 
 
-def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
-    """A freshly initialised tiny Qwen2 causal LM sized for `tokenizer` (float32)."""
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+def tiny_config(cfg: TinyModelConfig, vocab_size: int, eos_token_id: int | None = None,
+                pad_token_id: int | None = None) -> Qwen2Config:
+    """The transformers config of the tiny model."""
+    return Qwen2Config(
+        vocab_size=vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers,
@@ -84,10 +86,15 @@ def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast, seed: 
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=True,
         rope_theta=10000.0,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
         bos_token_id=None,
     )
+
+
+def build_model(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
+    """A freshly initialised tiny Qwen2 causal LM sized for `tokenizer` (float32)."""
+    config = tiny_config(cfg, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)

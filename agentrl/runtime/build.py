@@ -21,6 +21,7 @@ from agentrl.algos.policy_losses import check_loss_mode
 from agentrl.config import Config
 from agentrl.envs.service import close_env
 from agentrl.errors import ConfigError
+from agentrl.models.lora import apply_lora
 from agentrl.registry import load_builtins
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.rollout.source import RolloutSource, rollout_source
@@ -31,6 +32,7 @@ from agentrl.runtime.serving import make_engine
 from agentrl.runtime.warm import load_policy, model_context
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
+from agentrl.train.forward import ForwardOptions
 from agentrl.train.trainer import Trainer
 
 
@@ -113,20 +115,43 @@ def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, 
 
 
 def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor, Reference | None, Critic | None]:
-    """The actor that updates `model`, and the reference and critic when the config uses them."""
+    """The actor that updates `model` (wrapped with LoRA adapters when model.lora.rank > 0), and
+    the reference and critic when the config uses them."""
     horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())  # most tokens an episode generates
     if cfg.rollout.max_episode_tokens:
         horizon = min(horizon, float(cfg.rollout.max_episode_tokens))
-    actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature, horizon=horizon)
-    # The reference exists only when a KL term needs it: it costs a model copy and a forward.
+    m = cfg.model
+    if m.use_remove_padding and packed_kernels_available(model, device):
+        # Variable-length kernels: packed sequences cost what their own lengths cost. Without
+        # them sdpa gets a block-diagonal mask: right, but its attention computes the masked blocks.
+        model.set_attn_implementation("flash_attention_2")
+    if m.enable_gradient_checkpointing:
+        # Non-reentrant checkpointing needs no input that requires grad (a frozen LoRA base).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy = apply_lora(model, m.lora, cfg.seed) if m.lora.enabled else model
+    actor = Actor(policy, cfg.actor, temperature=cfg.rollout.temperature, horizon=horizon,
+                  packed=m.use_remove_padding)
+    # The reference exists only when a KL term needs it: it costs a model copy and a forward
+    # (with LoRA it is the policy with its adapters off: no copy).
     needs_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    reference = (Reference(copy.deepcopy(model), cfg.actor.micro_batch_size, cfg.rollout.temperature)
+    ref_options = ForwardOptions(cfg.actor.micro_batch_size, cfg.actor.max_tokens_per_micro_batch, m.use_remove_padding)
+    reference = (Reference(policy if m.lora.enabled else copy.deepcopy(model), ref_options, cfg.rollout.temperature)
                  if needs_ref else None)
     critic = None
     if cfg.critic.enable:
         seed_everything(cfg.seed)
-        critic = Critic(ValueModel(model).to(device), cfg.critic, horizon)
+        critic = Critic(ValueModel(policy).to(device), cfg.critic, horizon, packed=m.use_remove_padding)
     return actor, reference, critic
+
+
+def packed_kernels_available(model: Any, device: torch.device) -> bool:
+    """Whether flash-attention's variable-length kernels can run the trainer's packed passes
+    (CUDA, half-precision weights, the flash_attn package installed)."""
+    import importlib.util
+
+    dtype = next(model.parameters()).dtype
+    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+            and importlib.util.find_spec("flash_attn") is not None)
 
 
 def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:

@@ -3,10 +3,11 @@
 A warm start takes minutes on a fresh machine; a mistake that the config alone reveals must
 not wait for it. `preflight(cfg)` checks, in one line each: the advantage estimator, the user
 modules, every env type and its arguments (building and closing one env of each tag), every
-agent type and its arguments (building each agent with a stand-in tokenizer), and the context
+agent type and its arguments (building each agent with a stand-in tokenizer), the context
 limits (rollout.max_model_len against the model's context, read from model.tiny or from
-model.path's config.json, and rollout.max_new_tokens against both), and where generation runs
-(every remote engine URL answers; an OpenAI-client agent's entry imports).
+model.path's config.json, and rollout.max_new_tokens against both), where generation runs
+(every remote engine URL answers; an OpenAI-client agent's entry imports), and LoRA's target
+modules (against a weightless skeleton of the model on the meta device).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def preflight(cfg: Config) -> dict[str, Callable[[], Any]]:
     """Run every model-free check of `cfg`; returns the env factories (one per tag)."""
     check_estimator(cfg)
     check_context(cfg)
+    check_lora(cfg)
     import_user_modules(cfg)
     factories = make_env_factories(cfg)
     check_agents(cfg)
@@ -69,6 +71,29 @@ def check_context(cfg: Config) -> None:
         what = f"rollout.max_model_len={r.max_model_len}" if r.max_model_len else f"the model's context ({source})"
         raise ConfigError(f"rollout.max_new_tokens={r.max_new_tokens} leaves no room for a prompt in {what} of "
                           f"{context} tokens; lower rollout.max_new_tokens or raise the context")
+
+
+def check_lora(cfg: Config) -> None:
+    """With model.lora.rank > 0: peft is installed and every target module name matches a
+    linear layer of the model (read from a skeleton on the meta device: no weights built)."""
+    if not cfg.model.lora.enabled:
+        return
+    from agentrl.models.lora import check_targets, require_peft, skeleton
+
+    require_peft()
+    if cfg.model.path:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(Path(cfg.model.path).expanduser())
+        except (OSError, ValueError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"could not read the config of model.path={cfg.model.path!r}: {first}") from None
+    else:
+        from agentrl.models.tiny import tiny_config
+
+        config = tiny_config(cfg.model.tiny, cfg.model.tiny.vocab_size)
+    check_targets(skeleton(config), cfg.model.lora.target_modules)
 
 
 class StandInTokenizer:

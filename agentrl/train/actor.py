@@ -3,60 +3,50 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
+from typing import Any
 
 import torch
 
 from agentrl.algos.losses import aggregate, behaviour_weights, kl_penalty, masked_mean
 from agentrl.algos.policy_losses import policy_loss
 from agentrl.config import ActorConfig
-from agentrl.train.batch import Batch
+from agentrl.models.lora import adapter_state, is_peft, load_adapter_state
+from agentrl.train.batch import Batch, micro_batches
+from agentrl.train.forward import ForwardOptions, logprobs, token_logprobs  # noqa: F401  (token_logprobs: re-exported)
 from agentrl.train.numerics import check_grad_norm, check_loss
-
-
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False):
-    """Logprob of each token given the ones before it, (B, T) with 0 at position 0.
-
-    Logits are divided by `temperature` first: the engine samples from that distribution, so
-    the ratio to the behaviour policy is 1 on-policy.
-    """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    logp = torch.nn.functional.pad(logp, (1, 0))
-    if not with_entropy:
-        return logp
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, torch.nn.functional.pad(entropy, (1, 0))
+from agentrl.train.precision import MasterWeights
 
 
 @torch.no_grad()
-def batch_logprobs(model: torch.nn.Module, batch: Batch, micro_batch_size: int,
+def batch_logprobs(model: torch.nn.Module, batch: Batch, options: ForwardOptions,
                    temperature: float) -> torch.Tensor:
     """`model`'s logprobs of every token of `batch`, (B, T), computed in micro-batches."""
     model.eval()
     device = next(model.parameters()).device
     out = torch.zeros_like(batch.behaviour_logprobs)
-    for start in range(0, batch.size, micro_batch_size):
-        rows = torch.arange(start, min(start + micro_batch_size, batch.size))
+    for rows in micro_batches(batch.attention_mask, torch.arange(batch.size), options.micro_batch_size,
+                              options.max_tokens, options.packed):
         mb = batch.select(rows).to(device)
-        lp = token_logprobs(model, mb.input_ids, mb.attention_mask, temperature)
-        out[rows, : lp.shape[1]] = lp.cpu()
+        lp = logprobs(model, mb.input_ids, mb.attention_mask, temperature, options.packed)
+        out[rows, : lp.shape[1]] = lp.float().cpu()
     return out
 
 
 class Reference:
-    """A frozen copy of the starting policy, for KL terms."""
+    """The starting policy, frozen, for KL terms: a copy of it, or (LoRA) the trained model itself
+    with its adapters switched off, which costs no memory (verl's ref_in_actor)."""
 
-    def __init__(self, model: torch.nn.Module, micro_batch_size: int, temperature: float) -> None:
-        self.model = model.eval().requires_grad_(False)
-        self.micro_batch_size = micro_batch_size
+    def __init__(self, model: torch.nn.Module, options: ForwardOptions, temperature: float) -> None:
+        self.adapters_off = is_peft(model)
+        self.model = model if self.adapters_off else model.eval().requires_grad_(False)
+        self.options = options
         self.temperature = temperature
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """The reference policy's logprobs, (B, T)."""
-        return batch_logprobs(self.model, batch, self.micro_batch_size, self.temperature)
+        with self.model.disable_adapter() if self.adapters_off else nullcontext():
+            return batch_logprobs(self.model, batch, self.options, self.temperature)
 
 
 def lr_factor(step: int, total: int, kind: str, warmup_ratio: float = 0.0, min_ratio: float = 0.0) -> float:
@@ -71,16 +61,19 @@ def lr_factor(step: int, total: int, kind: str, warmup_ratio: float = 0.0, min_r
 
 
 class Actor:
-    """Holds the policy model and its optimizer."""
+    """Holds the policy model and its optimizer (over the trainable weights only: with LoRA, the
+    adapters; with bfloat16 weights, float32 master copies of them)."""
 
     def __init__(self, model: torch.nn.Module, cfg: ActorConfig, temperature: float,
-                 horizon: float | None = None) -> None:
+                 horizon: float | None = None, packed: bool = False) -> None:
         self.model = model
         self.cfg = cfg
         self.temperature = temperature
+        self.options = ForwardOptions(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, packed)
         # seq-mean-token-sum-norm and dr-grpo divide by a constant: the configured one or the longest reply.
         self.horizon = cfg.loss_scale_factor or horizon
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas),
+        self.master = MasterWeights([p for p in model.parameters() if p.requires_grad])
+        self.optimizer = torch.optim.AdamW(self.master.params, lr=cfg.lr, betas=tuple(cfg.betas),
                                            weight_decay=cfg.weight_decay)
 
     @property
@@ -98,13 +91,34 @@ class Actor:
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """The current policy's logprobs for the whole batch, (B, T)."""
-        return batch_logprobs(self.model, batch, self.cfg.micro_batch_size, self.temperature)
+        return batch_logprobs(self.model, batch, self.options, self.temperature)
 
+    # ------------------------------------------------------------------ weights
+    def engine_weights(self) -> dict[str, Any]:
+        """What an engine needs to serve the current policy: the adapter state with LoRA (see
+        models/lora.py), else the full state dict."""
+        if is_peft(self.model):
+            return adapter_state(self.model)
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Restore the trained weights read from a checkpoint (the adapter tensors with LoRA)."""
+        if is_peft(self.model):
+            load_adapter_state(self.model, weights)
+        else:
+            self.model.load_state_dict(weights, strict=False)
+
+    def load_optimizer_state(self, optimizer: dict[str, Any], master: dict[int, torch.Tensor] | None) -> None:
+        """Restore the optimizer's state and the float32 master copies a checkpoint holds."""
+        self.optimizer.load_state_dict(optimizer)
+        self.master.load_state_dict(master)
+
+    # ------------------------------------------------------------------ the update
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over mini-batches (one optimizer step each) of micro-batches."""
         assert batch.old_logprobs is not None and batch.advantages is not None, "score the batch first"
         self.model.train()
-        cfg = self.cfg
+        cfg, opt = self.cfg, self.options
         stats: dict[str, list[float]] = {}
         weights = self._off_policy_weights(batch, stats)
         for _ in range(cfg.ppo_epochs):
@@ -115,42 +129,47 @@ class Actor:
                        "num_seqs": float((mask.sum(-1) > 0).sum().clamp(min=1)), "horizon": self.horizon}
                 self.optimizer.zero_grad(set_to_none=True)
                 mini_loss = 0.0
-                for start in range(0, len(mini), cfg.micro_batch_size):
-                    rows = mini[start:start + cfg.micro_batch_size]
-                    mb = batch.select(rows).to(self.device)
-                    w = weights[rows, : mb.input_ids.shape[1]].to(self.device) if weights is not None else None
-                    logp, entropy = token_logprobs(self.model, mb.input_ids, mb.attention_mask,
-                                                   self.temperature, with_entropy=True)
-                    loss, pg = policy_loss(cfg.policy_loss.loss_mode, logp, mb.old_logprobs, mb.advantages,
-                                           mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
-                                           cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w,
-                                           config=cfg.policy_loss, **agg)
-                    terms = {f"{cfg.policy_loss.loss_mode} policy loss (loss/policy)": loss}
-                    if cfg.use_kl_loss:
-                        kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)
-                        terms["KL loss (actor.use_kl_loss)"] = kl_term = aggregate(
-                            kl, mb.loss_mask, cfg.loss_agg_mode, **agg)
-                        loss = loss + cfg.kl_loss_coef * kl_term
-                        _append(stats, "loss/kl", float(masked_mean(kl.detach(), mb.loss_mask)))
-                    if cfg.entropy_coeff:
-                        terms["entropy bonus (actor.entropy_coeff)"] = ent_term = aggregate(
-                            entropy, mb.loss_mask, cfg.loss_agg_mode, **agg)
-                        loss = loss - cfg.entropy_coeff * ent_term
-                    value = float(loss.detach())
-                    check_loss("policy update", value, terms, {
-                        "advantages": mb.advantages, "behaviour logprobs": mb.old_logprobs,
-                        "current logprobs": logp.detach(), "reference logprobs": mb.ref_logprobs,
-                        "importance weights": w}, mb.loss_mask)
-                    loss.backward()
-                    mini_loss += value
-                    _append(stats, "policy/pg_clipfrac", float(pg["pg_clipfrac"]))
-                    _append(stats, "policy/pg_clipfrac_lower", float(pg["pg_clipfrac_lower"]))
-                    _append(stats, "policy/ppo_kl", float(pg["ppo_kl"]))
-                    _append(stats, "policy/entropy", float(masked_mean(entropy.detach(), mb.loss_mask)))
+                for rows in micro_batches(batch.attention_mask, mini, opt.micro_batch_size, opt.max_tokens,
+                                          opt.packed):
+                    mini_loss += self._backward(batch, rows, weights, agg, stats)
                 _append(stats, "loss/policy", mini_loss)
                 grad_norm = self._clip_and_step()
                 _append(stats, "policy/grad_norm", grad_norm)
         return {k: sum(v) / len(v) for k, v in stats.items()}
+
+    def _backward(self, batch: Batch, rows: torch.Tensor, weights: torch.Tensor | None, agg: dict[str, Any],
+                  stats: dict[str, list[float]]) -> float:
+        """Forward and backward of one micro-batch; its share of the mini-batch's loss."""
+        cfg = self.cfg
+        mb = batch.select(rows).to(self.device)
+        w = weights[rows, : mb.input_ids.shape[1]].to(self.device) if weights is not None else None
+        logp, entropy = logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature,
+                                 self.options.packed, with_entropy=True, entropy_grad=bool(cfg.entropy_coeff))
+        loss, pg = policy_loss(cfg.policy_loss.loss_mode, logp, mb.old_logprobs, mb.advantages,
+                               mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
+                               cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w,
+                               config=cfg.policy_loss, **agg)
+        terms = {f"{cfg.policy_loss.loss_mode} policy loss (loss/policy)": loss}
+        if cfg.use_kl_loss:
+            kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)
+            terms["KL loss (actor.use_kl_loss)"] = kl_term = aggregate(kl, mb.loss_mask, cfg.loss_agg_mode, **agg)
+            loss = loss + cfg.kl_loss_coef * kl_term
+            _append(stats, "loss/kl", float(masked_mean(kl.detach(), mb.loss_mask)))
+        if cfg.entropy_coeff:
+            terms["entropy bonus (actor.entropy_coeff)"] = ent_term = aggregate(
+                entropy, mb.loss_mask, cfg.loss_agg_mode, **agg)
+            loss = loss - cfg.entropy_coeff * ent_term
+        value = float(loss.detach())
+        check_loss("policy update", value, terms, {
+            "advantages": mb.advantages, "behaviour logprobs": mb.old_logprobs,
+            "current logprobs": logp.detach(), "reference logprobs": mb.ref_logprobs,
+            "importance weights": w}, mb.loss_mask)
+        loss.backward()
+        _append(stats, "policy/pg_clipfrac", float(pg["pg_clipfrac"]))
+        _append(stats, "policy/pg_clipfrac_lower", float(pg["pg_clipfrac_lower"]))
+        _append(stats, "policy/ppo_kl", float(pg["ppo_kl"]))
+        _append(stats, "policy/entropy", float(masked_mean(entropy.detach(), mb.loss_mask)))
+        return value
 
     def _off_policy_weights(self, batch: Batch, stats: dict[str, list[float]]) -> torch.Tensor | None:
         """pi_old / pi_behaviour per token (TIS or decoupled PPO), or None when both are off."""
@@ -167,11 +186,13 @@ class Actor:
         return w
 
     def _clip_and_step(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        self.master.grads_to_master()
+        params = [p for p in self.master.params if p.grad is not None]
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         check_grad_norm("policy update", norm)  # a non-finite gradient would poison the weights
         self.optimizer.step()
+        self.master.master_to_model()
         return norm
 
 

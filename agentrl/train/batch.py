@@ -92,3 +92,33 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
         baselines = torch.tensor([float("nan") if t.reward_baseline is None else t.reward_baseline
                                   for t in trajectories], dtype=torch.float32)
     return Batch(ids, attn, mask, logp, rewards, versions, index, state_ids, reward_baselines=baselines)
+
+
+def micro_batches(attention_mask: torch.Tensor, rows: torch.Tensor, size: int, max_tokens: int = 0,
+                  packed: bool = False) -> list[torch.Tensor]:
+    """Split `rows` (indices into a batch) into the micro-batches of one forward/backward each.
+
+    Without a token budget: `size` rows at a time, in order. With `max_tokens` > 0 (verl's dynamic
+    batch size): rows longest first, each micro-batch filled while its cost stays within the budget
+    (packed: the sum of its lengths; padded: its rows times the longest), so short episodes share
+    a pass and long ones do not overflow memory; a row longer than the budget gets a pass of its
+    own. Losses are normalised by the mini-batch's counts, so how rows are grouped never changes
+    the gradient beyond float rounding.
+    """
+    if max_tokens <= 0 or not len(rows):
+        return [rows[i:i + size] for i in range(0, len(rows), size)]
+    lengths = attention_mask[rows].sum(-1).tolist()
+    order = sorted(range(len(rows)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    total = longest = 0
+    for i in order:
+        n = lengths[i]
+        cost = total + n if packed else max(longest, n) * (len(current) + 1)
+        if current and cost > max_tokens:
+            groups.append(current)
+            current, total, longest = [], 0, 0
+        current.append(i)
+        total, longest = total + n, max(longest, n)
+    groups.append(current)
+    return [rows[torch.tensor(g, dtype=torch.long)] for g in groups]

@@ -1,7 +1,8 @@
 """Checkpoints that hold the whole state of a run, written atomically.
 
 A checkpoint is a folder `checkpoints/step_<N>` holding the model in Hugging Face layout
-(safetensors), the tokenizer, `optimizer.pt` and `state.pt` (step, policy version, RNG states,
+(safetensors; with LoRA the adapter alone, as peft saves it: `adapter_model.safetensors` and
+`adapter_config.json`, which `PeftModel.from_pretrained(base, folder)` loads), the tokenizer, `optimizer.pt` and `state.pt` (step, policy version, RNG states,
 anything else the trainer needs to continue). It is written under a temporary name and renamed
 into place, so a process killed mid-write leaves the previous checkpoint as the latest one.
 Checkpoints are ordered by step; a reader takes the newest one whose files all load, so a
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from agentrl.errors import CheckpointError
+from agentrl.models.lora import ADAPTER_WEIGHTS
 
 PREFIX = "step_"
 
@@ -111,7 +113,8 @@ def read_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     from safetensors.torch import load_file
 
     try:
-        weights = load_file(str(ckpt / "model.safetensors"))
+        adapter = ckpt / ADAPTER_WEIGHTS
+        weights = load_file(str(adapter if adapter.is_file() else ckpt / "model.safetensors"))
         optimizer = torch.load(ckpt / "optimizer.pt", weights_only=False)
         state = torch.load(ckpt / "state.pt", weights_only=False)
     except Exception as e:  # truncated or missing files raise many types (SafetensorError, RuntimeError, EOFError)

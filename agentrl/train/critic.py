@@ -16,23 +16,32 @@ import torch
 
 from agentrl.algos.losses import explained_variance, masked_mean, value_loss
 from agentrl.config import CriticConfig
-from agentrl.train.batch import Batch
+from agentrl.models.lora import is_peft
+from agentrl.train.batch import Batch, micro_batches
+from agentrl.train.forward import ForwardOptions, packed_hidden, unpack_shifted
 from agentrl.train.numerics import check_grad_norm, check_loss
+from agentrl.train.precision import MasterWeights
 
 
 class ValueModel(torch.nn.Module):
-    """A causal LM's body plus a linear value head."""
+    """A causal LM's body plus a linear value head (float32). With LoRA the body keeps the
+    policy's adapter layers: the critic trains its own adapters and head, its base stays frozen."""
 
     def __init__(self, policy: torch.nn.Module) -> None:
         super().__init__()
+        policy = policy.get_base_model() if is_peft(policy) else policy
         self.body = copy.deepcopy(policy.base_model)
         hidden = policy.config.hidden_size
         self.head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Values (B, T): the value of the prefix before each token (0 at position 0)."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False) -> torch.Tensor:
+        """Values (B, T): the value of the prefix before each token (0 at position 0); `packed`
+        runs the body over one packed row (see train/forward.py)."""
+        if packed:
+            hidden, positions, where = packed_hidden(self.body, input_ids, attention_mask)
+            return unpack_shifted(self.head(hidden.float()).squeeze(-1), positions, where)
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         v = self.head(hidden.float()).squeeze(-1)[:, :-1]
         return torch.nn.functional.pad(v, (1, 0))
@@ -41,11 +50,13 @@ class ValueModel(torch.nn.Module):
 class Critic:
     """Holds the value model and its optimizer."""
 
-    def __init__(self, model: ValueModel, cfg: CriticConfig, horizon: float) -> None:
+    def __init__(self, model: ValueModel, cfg: CriticConfig, horizon: float, packed: bool = False) -> None:
         self.model = model
         self.cfg = cfg
         self.horizon = horizon
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.options = ForwardOptions(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, packed)
+        self.master = MasterWeights([p for p in model.parameters() if p.requires_grad])  # as the actor's
+        self.optimizer = torch.optim.AdamW(self.master.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
     @property
     def device(self) -> torch.device:
@@ -57,12 +68,15 @@ class Critic:
         """Values of every position of the batch, (B, T), zero off the loss mask."""
         self.model.eval()
         out = torch.zeros_like(batch.loss_mask)
-        for start in range(0, batch.size, self.cfg.micro_batch_size):
-            rows = torch.arange(start, min(start + self.cfg.micro_batch_size, batch.size))
+        for rows in self._micro_batches(batch, torch.arange(batch.size)):
             mb = batch.select(rows).to(self.device)
-            v = self.model(mb.input_ids, mb.attention_mask)
+            v = self.model(mb.input_ids, mb.attention_mask, self.options.packed)
             out[rows, : v.shape[1]] = (v * mb.loss_mask).cpu()
         return out
+
+    def _micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
+        o = self.options
+        return micro_batches(batch.attention_mask, rows, o.micro_batch_size, o.max_tokens, o.packed)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Clipped value-loss epochs over mini-batches of micro-batches."""
@@ -77,9 +91,9 @@ class Critic:
                 n_tokens = float(mask.sum().clamp(min=1.0))
                 n_seqs = float((mask.sum(-1) > 0).sum().clamp(min=1))
                 self.optimizer.zero_grad(set_to_none=True)
-                for start in range(0, len(mini), cfg.micro_batch_size):
-                    mb = batch.select(mini[start:start + cfg.micro_batch_size]).to(self.device)
-                    v = self.model(mb.input_ids, mb.attention_mask)
+                for rows in self._micro_batches(batch, mini):
+                    mb = batch.select(rows).to(self.device)
+                    v = self.model(mb.input_ids, mb.attention_mask, self.options.packed)
                     loss, vs = value_loss(v, mb.values, mb.returns, mb.loss_mask, cfg.cliprange_value,
                                           cfg.loss_agg_mode, n_tokens, n_seqs, self.horizon)
                     value = float(loss.detach())
@@ -90,10 +104,12 @@ class Critic:
                     stats.setdefault("loss/value", []).append(value)
                     stats.setdefault("policy/vf_clipfrac", []).append(float(vs["vf_clipfrac"]))
                     stats.setdefault("policy/vpred_mean", []).append(float(masked_mean(v.detach(), mb.loss_mask)))
-                params = [p for p in self.model.parameters() if p.grad is not None]
+                self.master.grads_to_master()
+                params = [p for p in self.master.params if p.grad is not None]
                 norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
                 check_grad_norm("critic update", norm)
                 self.optimizer.step()
+                self.master.master_to_model()
                 stats.setdefault("policy/critic_grad_norm", []).append(norm)
         out = {k: sum(v) / len(v) for k, v in stats.items()}
         # loss/value is summed over micro-batches within a mini-batch: report per mini-batch.
@@ -104,12 +120,11 @@ class Critic:
 
     def state_dict(self) -> dict:
         """Weights and optimizer state, for checkpoints."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "master": self.master.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore weights and optimizer state."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-
-
-
+        self.master.load_state_dict(state.get("master"))

@@ -213,8 +213,7 @@ class Trainer:
 
     def sync(self) -> None:
         """Push the updated weights to the engine, so the next rollouts use them."""
-        weights = {k: v.detach() for k, v in self.actor.model.state_dict().items()}
-        self.version = self.rollout.load_weights(weights)
+        self.version = self.rollout.load_weights(self.actor.engine_weights())
 
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on held-out env seeds."""
@@ -285,6 +284,7 @@ class Trainer:
         state = {"policy_version": self.version, **self.rollout.checkpoint(),
                  "rng": rng_state(), "summary": dict(self.summary),
                  "kl_coef": self.kl_ctrl.value, "health": self.watch.monitor.state_dict(),
+                 "master_weights": self.actor.master.state_dict(),
                  "critic": self.critic.state_dict() if self.critic is not None else None}
         save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
                         self.actor.optimizer, state, keep=self.cfg.trainer.max_checkpoints)
@@ -297,8 +297,8 @@ class Trainer:
             return
         ckpt, (weights, optimizer_state, state) = found
         try:
-            self.actor.model.load_state_dict(weights, strict=False)
-            self.actor.optimizer.load_state_dict(optimizer_state)
+            self.actor.load_weights(weights)
+            self.actor.load_optimizer_state(optimizer_state, state.get("master_weights"))
         except (RuntimeError, ValueError, KeyError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise CheckpointError(f"checkpoint {ckpt} does not fit this run's model: {first}") from None

@@ -1,0 +1,177 @@
+"""LoRA adapters through peft: wrapping the policy, the adapter state that travels to an engine,
+checking target names before a model is built, and merging for export.
+
+What travels to the engine after an update is the adapter, never the base: a state dict of the
+adapter tensors under peft's saved names (`base_model.model.<module>.lora_A.weight`, as in
+`adapter_model.safetensors`) plus one marker entry, `ADAPTER_CONFIG`, holding the peft
+`LoraConfig` as a plain dict (as in `adapter_config.json`). So an engine elsewhere (HTTP, Ray)
+can write it out as a peft adapter folder, and `LocalEngine` injects the adapter layers into
+its own copy of the base model the first time one arrives and only copies tensors after that.
+peft is the optional extra `lora`; it is imported only when LoRA is used.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.config_model import LoraConfig
+from agentrl.errors import ConfigError
+
+ADAPTER_CONFIG = "__peft_lora_config__"  # the marker key of an adapter state (its value is a dict)
+ALL_LINEAR = "all-linear"
+
+
+def require_peft() -> Any:
+    """The peft module, or a one-line error saying which extra to install."""
+    # peft 0.21 asks transformers 5 a deprecated question on every wrap: noise for our users
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError("model.lora.rank > 0 needs peft: install the extra lora "
+                          "(pip install 'agentrl[lora]')") from None
+    return peft
+
+
+def peft_config(lora: LoraConfig) -> Any:
+    """peft's LoraConfig for `model.lora` (a causal LM, no bias training)."""
+    peft = require_peft()
+    targets: str | list[str] = ALL_LINEAR if lora.target_modules == [ALL_LINEAR] else list(lora.target_modules)
+    return peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                           bias="none", task_type="CAUSAL_LM")
+
+
+def apply_lora(model: torch.nn.Module, lora: LoraConfig, seed: int) -> torch.nn.Module:
+    """Wrap `model` as a peft model whose adapters alone train (the base is frozen in place).
+
+    The adapters' random initialisation draws from its own generator seeded by `seed`, so
+    turning LoRA on moves no other random stream of the run. Adapters are kept in float32
+    whatever the base dtype (peft's autocast_adapter_dtype): their updates are small.
+    """
+    peft = require_peft()
+    check_targets(model, lora.target_modules)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return peft.get_peft_model(model, peft_config(lora), autocast_adapter_dtype=True)
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    """Whether `model` is a peft-wrapped model (LoRA)."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def linear_names(model: torch.nn.Module) -> set[str]:
+    """The last name part of every linear layer but the output head (what target_modules match)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and m is not head}
+
+
+def check_targets(model: torch.nn.Module, targets: list[str]) -> None:
+    """Every name in model.lora.target_modules must match a linear layer of `model`."""
+    if targets == [ALL_LINEAR]:
+        return
+    names = linear_names(model)
+    missing = [t for t in targets if t not in names]
+    if missing:
+        raise ConfigError(f"model.lora.target_modules: {', '.join(repr(m) for m in missing)} matches no linear "
+                          f"layer of the model; its linear layers are {', '.join(sorted(names))} (or use [all-linear])")
+
+
+def skeleton(config: Any) -> torch.nn.Module:
+    """The model a transformers config describes, on the meta device (no memory, no weights)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+# ---------------------------------------------------------------------------- adapter state
+def adapter_state(model: torch.nn.Module) -> dict[str, Any]:
+    """The adapter tensors of a peft model under peft's saved names, plus the ADAPTER_CONFIG marker."""
+    from peft import get_peft_model_state_dict
+
+    tensors = {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
+    return {**tensors, ADAPTER_CONFIG: config_dict(model.peft_config["default"])}
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    """A peft config as JSON-safe plain data (sets become sorted lists), as adapter_config.json."""
+    return json.loads(json.dumps(config.to_dict(), default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+
+
+def is_adapter_state(state: dict[str, Any]) -> bool:
+    """Whether a weights dict is an adapter state (see the module docstring)."""
+    return ADAPTER_CONFIG in state
+
+
+def load_adapter_state(model: torch.nn.Module, state: dict[str, Any]) -> torch.nn.Module:
+    """Copy an adapter state into `model` (a plain transformers model or a peft one), injecting
+    the adapter layers first if it has none; returns the model (changed in place)."""
+    peft = require_peft()
+    tensors = {k: v for k, v in state.items() if k != ADAPTER_CONFIG}
+    targets = _adapter_params(model, tensors)
+    if targets is not None:  # every push after the first: plain copies, no peft key remapping
+        with torch.no_grad():
+            for key, value in tensors.items():
+                targets[key].copy_(value)
+        return model
+    if not hasattr(model, "peft_config"):
+        config = {k: v for k, v in state[ADAPTER_CONFIG].items() if k in _LORA_FIELDS}
+        # Injection draws random initial adapters that the copy below overwrites: keep the
+        # caller's random streams where they were.
+        with torch.random.fork_rng(devices=[]):
+            model = peft.inject_adapter_in_model(peft.LoraConfig(**config), model)
+        for name, p in model.named_parameters():  # float32 adapters, as the trainer's (apply_lora)
+            if "lora_" in name and p.dtype != torch.float32:
+                p.data = p.data.float()
+    result = peft.set_peft_model_state_dict(model, tensors)
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"adapter state does not fit the model: missing {missing[:3]}, "
+                         f"unexpected {list(result.unexpected_keys)[:3]}")
+    return model
+
+
+def _adapter_params(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """{saved key: the model's parameter} when every key names an adapter weight `model` already
+    has under peft's in-memory name (`<module>.lora_A.default.weight`), else None."""
+    if not hasattr(model, "peft_config"):
+        return None
+    params = dict(model.named_parameters())
+    found = {}
+    for key in tensors:
+        stem, dot, leaf = key.rpartition(".")
+        name = f"{stem}.default{dot}{leaf}"
+        for candidate in (name, name.removeprefix("base_model.model.")):
+            if candidate in params and params[candidate].shape == tensors[key].shape:
+                found[key] = params[candidate]
+                break
+        else:
+            return None
+    return found
+
+
+_LORA_FIELDS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora", "fan_in_fan_out",
+                "init_lora_weights", "layers_to_transform", "rank_pattern", "alpha_pattern", "task_type")
+
+
+# ---------------------------------------------------------------------------- folders
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    """Whether a checkpoint folder holds a peft adapter (not full weights)."""
+    return (Path(path) / ADAPTER_WEIGHTS).is_file() and (Path(path) / "adapter_config.json").is_file()
+
+
+def merged(base: torch.nn.Module, adapter_dir: str | Path) -> torch.nn.Module:
+    """`base` with the adapter saved in `adapter_dir` merged into its weights (a plain model)."""
+    peft = require_peft()
+    model = peft.PeftModel.from_pretrained(base, str(adapter_dir))
+    return model.merge_and_unload()
