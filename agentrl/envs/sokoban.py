@@ -50,6 +50,10 @@ without termination (a step is never both). The last step's info carries `succes
 solved, `steps_over_optimal` (steps / optimal moves, 1.0 is a shortest solution). Stepping after
 the end is an EnvError.
 
+## Reference
+`optimal_success` in `reset`'s info (above), and `eval_baselines`' `baseline_room_blind`: the
+best single move sequence (up to 6 moves) for all evaluated rooms at once.
+
 ## Arguments
 `dim_room` ([rows, cols] including the wall ring), `num_boxes`, `max_steps`,
 `max_solution_moves` and `min_solution_moves` (bounds on the optimal solution of generated
