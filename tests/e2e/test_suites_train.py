@@ -42,4 +42,4 @@ def test_reasoning_gym_config_trains_with_the_retry_agent(tmp_path):
     for r in evals:
         assert 0.0 < r["eval/baseline_most_frequent_answer"] <= 1.0
         assert r["eval/reasoning_gym/success_at_1"] <= r["eval/reasoning_gym/success_at_3"]
-    assert "State the final answer to the following arithmetic problem" in sample["text"]
+    assert "How many 1 bits are there in the binary representation of the number" in sample["text"]
