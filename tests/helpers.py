@@ -37,3 +37,18 @@ def nodelay_client(**kw):
 
     transport = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
     return httpx.Client(transport=transport, **kw)
+
+
+# Built-in env types that wrap an optional suite: env name -> the module its extra installs.
+SUITE_MODULES = {"gem": "gem", "reasoning_gym": "reasoning_gym"}
+
+
+def env_param(name):
+    """`name` as a pytest param, skipped with the reason when its suite is not installed."""
+    import importlib.util
+
+    import pytest
+
+    module = SUITE_MODULES.get(name)
+    missing = module is not None and importlib.util.find_spec(module) is None
+    return pytest.param(name, marks=pytest.mark.skipif(missing, reason=f"{module} is not installed"))

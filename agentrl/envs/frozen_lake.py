@@ -19,6 +19,8 @@ The board, one line per row, cells separated by single spaces: `P` the player, `
 With `show_position` (the default) a last line names the player's cell, e.g. `P: row 2,
 column 1.` (1-based): a model of a few million parameters learns far faster when the state it
 must act on sits at a fixed distance from its reply than when it has to find P in the grid.
+With `show_neighbours` a further line gives the four cells next to the player, in the board's
+symbols (`#` off the board), e.g. `Next to P: Left #, Down O, Right _, Up #.` (see Arguments).
 
 ## Starting state
 The player stands on the start cell, row 0 column 0.
@@ -41,10 +43,20 @@ Termination: the player reaches the goal or falls into a hole. Truncation: `max_
 (invalid replies included) have been taken without termination (a step is never both).
 `info["success"]` (reached the goal) is set on the last step; stepping after it is an EnvError.
 
+## Reference
+`reset`'s info carries `optimal_success`: the highest probability of reaching the goal within
+`max_steps` steps, by value iteration over Gymnasium's transition table `P` (1.0 on a solvable
+map that is not slippery; below 1 on slippery ice, where it is the bar for the episode's
+horizon). `eval_baselines` gives `baseline_map_blind`: the best single move sequence for all
+evaluated maps at once (what a policy that never reads the board can reach).
+
 ## Arguments
 `size` (map side when `map_name` is None), `map_name` ("4x4", "8x8" or None for random maps),
 `frozen_prob` (chance a random cell is ice), `is_slippery`, `max_steps`, `success_reward`,
-`step_reward`, `hole_reward`, `format_penalty`, `progress_reward`, `show_position`.
+`step_reward`, `hole_reward`, `format_penalty`, `progress_reward`, `show_position`,
+`show_neighbours` (off by default; `configs/frozen_lake_random.yaml` turns it on: on unseen random
+maps a policy must see the holes beside P, and the tiny model reads them from a line at a fixed
+place far more easily than from the grid, as on Sokoban; measured in the README).
 """
 
 from __future__ import annotations
@@ -80,6 +92,16 @@ def render_board(desc: Any, pos: int) -> str:
         cells = ["P" if r * len(row) + c == pos else _SYMBOLS[ch] for c, ch in enumerate(row)]
         lines.append(" ".join(cells))
     return "\n".join(lines)
+
+
+def neighbour_line(desc: list[str], row: int, col: int) -> str:
+    """The board's symbols of the four cells next to (row, col), `#` off the board."""
+    cells = []
+    for name, (dr, dc) in zip(DIRECTIONS, ((0, -1), (1, 0), (0, 1), (-1, 0))):
+        r, c = row + dr, col + dc
+        inside = 0 <= r < len(desc) and 0 <= c < len(desc[0])
+        cells.append(f"{name} {_SYMBOLS[desc[r][c]] if inside else '#'}")
+    return f"Next to P: {', '.join(cells)}."
 
 
 def parse_action(reply: str) -> int | None:
@@ -193,6 +215,7 @@ class FrozenLakeEnv:
         format_penalty: float = -0.1,
         progress_reward: float = 0.5,
         show_position: bool = True,
+        show_neighbours: bool = False,
     ) -> None:
         # Bounds keep generate_random_map quick: it retries until a map is solvable.
         _check(is_int(size) and 2 <= size <= 16, "size", size, "an int from 2 to 16")
@@ -213,11 +236,14 @@ class FrozenLakeEnv:
         self.progress_reward = float(progress_reward)
         _check(isinstance(show_position, bool), "show_position", show_position, "True or False")
         self.show_position = show_position
+        _check(isinstance(show_neighbours, bool), "show_neighbours", show_neighbours, "True or False")
+        self.show_neighbours = show_neighbours
         self._dist: np.ndarray | None = None
         self.instructions = (
             "FrozenLake. Move P to G, avoid holes O. Answer with one move: Left, Down, Right "
             "or Up, as <answer>Move</answer>.\nSymbols: P you, _ ice, O hole, G goal."
             + ("\nThe ice is slippery: you may slide sideways." if is_slippery else "")
+            + ("\n# is off the board." if show_neighbours else "")
         )
         self._rng = random.Random()
         self._gym: gym.Env | None = None
@@ -258,11 +284,13 @@ class FrozenLakeEnv:
         return self._gym.unwrapped.desc[self._pos // side, self._pos % side].decode()
 
     def _board(self) -> str:
-        board = render_board(self._gym.unwrapped.desc, self._pos)
-        if not self.show_position:
-            return board
+        lines = [render_board(self._gym.unwrapped.desc, self._pos)]
         row, col = divmod(self._pos, self._gym.unwrapped.ncol)
-        return f"{board}\nP: row {row + 1}, column {col + 1}."
+        if self.show_position:
+            lines.append(f"P: row {row + 1}, column {col + 1}.")
+        if self.show_neighbours:
+            lines.append(neighbour_line(self.desc, row, col))
+        return "\n".join(lines)
 
     async def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         """Start an episode (a fresh random map per seed when map_name is None)."""

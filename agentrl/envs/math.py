@@ -33,6 +33,10 @@ The env keeps its question until the next reset, so `step` may be called again t
 another answer to the same question: that is how the retry agent (`agents/math_retry.py`)
 gives the model further tries, like the seeds' single-step math env.
 
+## Reference
+`eval_baselines` gives `baseline_most_frequent_answer`: the success of answering every evaluated
+question with the most frequent right answer among them.
+
 ## Arguments
 `dataset_path` (JSONL/Parquet file, or null for synthetic), `question_key`, `answer_key`;
 synthetic: `min_operand`, `max_operand` (operand size), `num_ops` (operations per problem),
@@ -43,6 +47,7 @@ synthetic: `min_operand`, `max_operand` (operand size), `num_ops` (operations pe
 from __future__ import annotations
 
 import random
+from collections import Counter
 from typing import Any
 
 from agentrl.envs.args import is_number
@@ -169,6 +174,15 @@ class MathEnv:
         low = min(self.min_operand if op == "+" else -self.max_operand for op in self.ops)
         high = max(self.max_operand if op == "+" else -self.min_operand for op in self.ops)
         return self.min_operand + self.num_ops * low, self.max_operand + self.num_ops * high
+
+    def eval_baselines(self, trajectories: list) -> dict[str, float]:
+        """The most frequent right answer among the evaluated questions, given to every one of them
+        (answers compared as written: the file's answers, or the synthetic problems' integers)."""
+        answers = [self._problem(t.reset_info["question_seed"])[1] for t in trajectories
+                   if "question_seed" in t.reset_info]
+        if not answers:
+            return {}
+        return {"most_frequent_answer": Counter(answers).most_common(1)[0][1] / len(answers)}
 
     def close(self) -> None:
         """Nothing to release: the grader is shared by every math env and stopped at exit."""

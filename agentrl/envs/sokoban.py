@@ -22,7 +22,9 @@ target. With `show_position` (the default) a last line names the player, the box
 targets by row and column (1-based), e.g. `P: row 3, column 2. X: row 3, column 3. O: row 4,
 column 3.`: a tiny model reads a fixed-position line far more easily than a grid (measured on
 FrozenLake, see its docstring). With `show_neighbours` a further line gives the four cells next
-to the player, e.g. `Next to P: Left #, Down _, Right X, Up #.` (see Arguments for why).
+to the player, e.g. `Next to P: Left #, Down _, Right X, Up #.` (see Arguments for why). With
+`show_offsets` a further line gives each box and target relative to the player in moves, e.g.
+`From P: X Right 1; O Down 1, Right 1.` (`X here` would be impossible; `O here`: P stands on it).
 
 ## Starting state
 The generated room: boxes off their targets, the player on a random cell it can walk to; or
@@ -50,12 +52,16 @@ without termination (a step is never both). The last step's info carries `succes
 solved, `steps_over_optimal` (steps / optimal moves, 1.0 is a shortest solution). Stepping after
 the end is an EnvError.
 
+## Reference
+`optimal_success` in `reset`'s info (above), and `eval_baselines`' `baseline_room_blind`: the
+best single move sequence (up to 6 moves) for all evaluated rooms at once.
+
 ## Arguments
 `dim_room` ([rows, cols] including the wall ring), `num_boxes`, `max_steps`,
 `max_solution_moves` and `min_solution_moves` (bounds on the optimal solution of generated
 rooms), `num_gen_steps` (floor-carving walk length, default 1.7 * (rows + cols)),
 `p_change_directions` (chance the carving walk turns), `search_depth` (length of the backward
-walk that places the boxes), the rewards above, `show_position`, `show_neighbours` (off by
+walk that places the boxes), the rewards above, `show_position`, `show_neighbours` and `show_offsets` (off by
 default, which keeps the observation RAGEN's grid plus the position line). Why the neighbour
 line exists, measured on 6x6 rooms: warm-started on demonstrations of state-changing moves, the
 tiny default model's reply loss stayed at a uniform choice among all four moves (0.35 nats per
@@ -127,6 +133,19 @@ def neighbour_line(room: Room) -> str:
     return f"Next to P: {', '.join(cells)}."
 
 
+def offset_line(room: Room) -> str:
+    """Each box and target relative to the player in moves, e.g. `From P: X Right 1; O Down 1, Right 1.`"""
+    def offset(cell: int) -> str:
+        dr = cell // room.cols - room.player // room.cols
+        dc = cell % room.cols - room.player % room.cols
+        parts = [f"{'Down' if dr > 0 else 'Up'} {abs(dr)}"] if dr else []
+        parts += [f"{'Right' if dc > 0 else 'Left'} {abs(dc)}"] if dc else []
+        return ", ".join(parts) or "here"
+
+    cells = [f"X {offset(c)}" for c in sorted(room.boxes)] + [f"O {offset(c)}" for c in sorted(room.targets)]
+    return f"From P: {'; '.join(cells)}."
+
+
 def _symbol(room: Room, i: int) -> str:
     """The symbol drawn at cell `i`."""
     on_target = i in room.targets
@@ -178,6 +197,8 @@ class SokobanEnv:
         progress_reward: float = 0.0,
         show_position: bool = True,
         show_neighbours: bool = False,
+        show_offsets: bool = False,
+        show_grid: bool = True,
     ) -> None:
         ok = (isinstance(dim_room, (list, tuple)) and len(dim_room) == 2
               and all(is_int(n) and 4 <= n <= 16 for n in dim_room))
@@ -203,6 +224,10 @@ class SokobanEnv:
             _check(is_number(value), name, value, "a finite number")
         _check(isinstance(show_position, bool), "show_position", show_position, "True or False")
         _check(isinstance(show_neighbours, bool), "show_neighbours", show_neighbours, "True or False")
+        _check(isinstance(show_offsets, bool), "show_offsets", show_offsets, "True or False")
+        _check(isinstance(show_grid, bool), "show_grid", show_grid, "True or False")
+        _check(show_grid or show_position or show_neighbours or show_offsets, "show_grid", show_grid,
+               "True unless another show_* line is on (the observation would be empty)")
         self.rows, self.cols, self.num_boxes, self.max_steps = rows, cols, num_boxes, max_steps
         self.min_moves = min_solution_moves
         self.num_gen_steps, self.p_change_directions = num_gen_steps, float(p_change_directions)
@@ -212,6 +237,7 @@ class SokobanEnv:
         self.box_off_target_reward = float(box_off_target_reward)
         self.format_penalty, self.progress_reward = float(format_penalty), float(progress_reward)
         self.show_position, self.show_neighbours = show_position, show_neighbours
+        self.show_offsets, self.show_grid = show_offsets, show_grid
         self.instructions = (
             "Sokoban. Push every box X onto a target O. You push boxes, never pull them. Answer with "
             "one move: Left, Down, Right or Up, as <answer>Move</answer>.\nSymbols: # wall, _ floor, "
@@ -232,9 +258,10 @@ class SokobanEnv:
         return self._room
 
     def _observation(self) -> str:
-        lines = [render_room(self._room)]
+        lines = [render_room(self._room)] if self.show_grid else []
         lines += [position_line(self._room)] if self.show_position else []
         lines += [neighbour_line(self._room)] if self.show_neighbours else []
+        lines += [offset_line(self._room)] if self.show_offsets else []
         return "\n".join(lines)
 
     async def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:

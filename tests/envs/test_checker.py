@@ -6,6 +6,8 @@ import random
 
 import pytest
 
+from helpers import env_param
+
 from agentrl.envs.checker import ADVERSARIAL_REPLIES, EnvCheckError, acheck_env, builtin_env_names, check_env
 from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.envs.sokoban import SokobanEnv
@@ -28,7 +30,7 @@ def test_builtin_env_configurations_pass(case):
     assert report["adversarial_replies"] == len(ADVERSARIAL_REPLIES)
 
 
-@pytest.mark.parametrize("name", builtin_env_names())
+@pytest.mark.parametrize("name", [env_param(n) for n in builtin_env_names()])
 def test_every_registered_builtin_env_passes_with_its_defaults(name):
     check_env(ENVS.get(name))
 

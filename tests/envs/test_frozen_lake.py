@@ -378,3 +378,40 @@ async def test_position_line_can_be_turned_off():
     await env.reset(seed=0)
     obs, *_ = await env.step("Down")
     assert obs.endswith("P: row 2, column 1.")
+
+
+async def test_neighbour_line_names_the_cells_beside_p():
+    env = FrozenLakeEnv(show_neighbours=True)
+    obs, _ = await env.reset(seed=0)
+    assert obs.endswith("P: row 1, column 1.\nNext to P: Left #, Down _, Right _, Up #.")
+    obs, *_ = await env.step("Down")
+    assert obs.endswith("Next to P: Left #, Down _, Right O, Up _.")  # the 4x4 map's hole at row 2, column 2
+    assert "# is off the board" in env.instructions
+    assert "Next to P" not in (await FrozenLakeEnv().reset(seed=0))[0]
+
+
+async def test_slippery_optimum_for_the_horizon_is_what_its_optimal_policy_reaches():
+    """The reported optimum is reached by acting on value iteration's time-dependent policy in the env."""
+    import numpy as np
+
+    from agentrl.envs.frozen_lake import _tables
+
+    horizon = 12
+    env = FrozenLakeEnv(is_slippery=True, max_steps=horizon)
+    _, info = await env.reset(seed=0)
+    goal, cont = _tables(env._gym.unwrapped.P, 16)
+    values, policy = [np.zeros(16)], []
+    for _ in range(horizon):  # policy[k]: the best action with k + 1 steps left
+        q = goal + cont @ values[-1]
+        policy.append(q.argmax(axis=0))
+        values.append(q.max(axis=0))
+    assert info["optimal_success"] == pytest.approx(values[-1][0])
+    wins, episodes = 0, 1000
+    for seed in range(episodes):
+        await env.reset(seed=seed)
+        for left in range(horizon, 0, -1):
+            _, _, terminated, truncated, step = await env.step(ACTION_NAMES[policy[left - 1][env.position]])
+            if terminated or truncated:
+                wins += step["success"]
+                break
+    assert abs(wins / episodes - info["optimal_success"]) < 0.025  # 1000 seeded episodes at p = 0.07: 3 standard errors

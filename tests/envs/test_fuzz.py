@@ -12,6 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import env_param
+
 from agentrl.envs.checker import builtin_env_names
 from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.envs.sokoban import SokobanEnv
@@ -41,7 +43,7 @@ def _check(result) -> None:
     assert isinstance(terminated, bool) and isinstance(truncated, bool) and not (terminated and truncated)
 
 
-@pytest.mark.parametrize("name", list(FACTORIES))
+@pytest.mark.parametrize("name", [env_param(n) for n in FACTORIES])
 @FUZZ
 @given(reply=REPLIES, seed=st.integers(0, 2**31 - 1))
 async def test_any_reply_is_an_ordinary_step(name, reply, seed):
@@ -53,7 +55,7 @@ async def test_any_reply_is_an_ordinary_step(name, reply, seed):
         env.close()
 
 
-@pytest.mark.parametrize("name", list(FACTORIES))
+@pytest.mark.parametrize("name", [env_param(n) for n in FACTORIES])
 @FUZZ
 @given(replies=st.lists(REPLIES, min_size=1, max_size=12), seed=st.integers(0, 1000))
 async def test_a_whole_episode_of_fuzzed_replies(name, replies, seed):

@@ -195,3 +195,15 @@ def test_bad_arguments_are_one_line_config_errors(tmp_path, monkeypatch, args, m
     with pytest.raises(ConfigError, match=match) as e:
         MathEnv(**args)
     assert "\n" not in str(e.value)
+
+
+def test_the_reference_is_the_most_frequent_right_answer():
+    class Played:
+        def __init__(self, seed):
+            self.reset_info = {"question_seed": seed}
+
+    env = MathEnv(min_operand=0, max_operand=2)
+    played = [Played(1_000_000 + k) for k in range(50)]
+    answers = [env._problem(p.reset_info["question_seed"])[1] for p in played]
+    best = max(answers.count(a) for a in set(answers)) / len(answers)
+    assert env.eval_baselines(played) == {"most_frequent_answer": best} and 0.2 < best < 0.6  # sums 0..4
