@@ -19,6 +19,7 @@ import yaml
 from agentrl.config_algo import (ActorConfig, AlgorithmConfig, CriticConfig, FilterGroupsConfig,  # noqa: F401
                                  KLControlConfig, PolicyLossConfig)
 from agentrl.config_checks import BUILTIN_POLICY_LOSSES, validate  # noqa: F401  (BUILTIN_POLICY_LOSSES: re-exported)
+from agentrl.config_runtime import RuntimeConfig
 from agentrl.config_io import _all_keys, dataclass_docs, from_dict, parse_override, read_yaml, set_path
 from agentrl.errors import ConfigError
 
@@ -262,6 +263,8 @@ class Config:
     """Value model (GAE)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Loop, evaluation, checkpoints, logging."""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Where the parts run: this process (local) or Ray actors placed ROLL-style (ray)."""
 
     def resolved_run_dir(self) -> Path:
         """The folder this run writes to."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.config_limits import check_limits
+from agentrl.config_runtime import check_runtime
 from agentrl.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:  # config.py calls validate; the types only are needed here
@@ -70,6 +71,7 @@ def validate(cfg: Config) -> None:
     _validate_env_groups(cfg)
     if t.test_freq < 0 or t.save_freq < 0:
         raise ConfigError("trainer.test_freq and trainer.save_freq must be >= 0")
+    check_runtime(cfg)
     if cfg.model.path is not None and not Path(cfg.model.path).expanduser().is_dir():
         raise ConfigError(f"model.path={cfg.model.path!r}: no such directory (expected a local "
                           "Hugging Face model folder with config.json)")

@@ -113,19 +113,34 @@ def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, 
 
 def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor, Reference | None, Critic | None]:
     """The actor that updates `model`, and the reference and critic when the config uses them."""
-    horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())  # most tokens an episode generates
+    actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature, horizon=update_horizon(cfg))
+    reference = build_reference(cfg, copy.deepcopy(model)) if needs_reference(cfg) else None
+    critic = build_critic(cfg, model, device) if cfg.critic.enable else None
+    return actor, reference, critic
+
+
+def update_horizon(cfg: Config) -> float:
+    """The most tokens an episode generates: the constant of the *-token-sum-norm loss modes."""
+    horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())
     if cfg.rollout.max_episode_tokens:
         horizon = min(horizon, float(cfg.rollout.max_episode_tokens))
-    actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature, horizon=horizon)
-    # The reference exists only when a KL term needs it: it costs a model copy and a forward.
-    needs_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    reference = (Reference(copy.deepcopy(model), cfg.actor.micro_batch_size, cfg.rollout.temperature)
-                 if needs_ref else None)
-    critic = None
-    if cfg.critic.enable:
-        seed_everything(cfg.seed)
-        critic = Critic(ValueModel(model).to(device), cfg.critic, horizon)
-    return actor, reference, critic
+    return horizon
+
+
+def needs_reference(cfg: Config) -> bool:
+    """The reference exists only when a KL term needs it: it costs a model copy and a forward."""
+    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def build_reference(cfg: Config, model: Any) -> Reference:
+    """The frozen reference policy, from its own copy of the starting model."""
+    return Reference(model, cfg.actor.micro_batch_size, cfg.rollout.temperature)
+
+
+def build_critic(cfg: Config, model: Any, device: torch.device) -> Critic:
+    """The critic: the policy's body with a fresh value head (seeded: the same in every runtime)."""
+    seed_everything(cfg.seed)
+    return Critic(ValueModel(model).to(device), cfg.critic, update_horizon(cfg))
 
 
 def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -11,6 +12,7 @@ from agentrl.algos.policy_losses import policy_loss
 from agentrl.config import ActorConfig
 from agentrl.train.batch import Batch
 from agentrl.train.numerics import check_grad_norm, check_loss
+from agentrl.train.parallel import DataParallel
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -74,8 +76,9 @@ class Actor:
     """Holds the policy model and its optimizer."""
 
     def __init__(self, model: torch.nn.Module, cfg: ActorConfig, temperature: float,
-                 horizon: float | None = None) -> None:
+                 horizon: float | None = None, parallel: DataParallel | None = None) -> None:
         self.model = model
+        self.parallel = parallel  # a data-parallel rank: updates on its share, gradients summed
         self.cfg = cfg
         self.temperature = temperature
         # the *-token-sum-norm modes divide by a constant: the configured one or the longest reply.
@@ -102,55 +105,79 @@ class Actor:
 
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over mini-batches (one optimizer step each) of micro-batches."""
+        return {k: sum(v) / len(v) for k, v in self.update_stats(batch).items()}
+
+    def update_stats(self, batch: Batch) -> dict[str, list[float]]:
+        """`update`, with every value each statistic took (per micro-batch or mini-batch): a
+        data-parallel rank updates on its share of each mini-batch, and the stats of every rank
+        are merged before averaging (train/parallel.py)."""
         assert batch.old_logprobs is not None and batch.advantages is not None, "score the batch first"
         self.model.train()
-        cfg = self.cfg
+        cfg, dp = self.cfg, self.parallel
         stats: dict[str, list[float]] = {}
         weights = self._off_policy_weights(batch, stats)
         for _ in range(cfg.ppo_epochs):
             for mstart in range(0, batch.size, cfg.ppo_mini_batch_size):
                 mini = torch.arange(mstart, min(mstart + cfg.ppo_mini_batch_size, batch.size))
                 mask = batch.loss_mask[mini]
+                # Counts of the whole mini-batch: each micro-batch's (and each rank's) loss is
+                # its share of the mini-batch loss, so the gradients add up to the whole one's.
                 agg = {"num_tokens": float(mask.sum().clamp(min=1.0)),
                        "num_seqs": float((mask.sum(-1) > 0).sum().clamp(min=1)), "horizon": self.horizon}
                 self.optimizer.zero_grad(set_to_none=True)
+                rows = mini if dp is None else dp.rows(mini)
+                starts = list(range(0, len(rows), cfg.micro_batch_size))
                 mini_loss = 0.0
-                for start in range(0, len(mini), cfg.micro_batch_size):
-                    rows = mini[start:start + cfg.micro_batch_size]
-                    mb = batch.select(rows).to(self.device)
-                    w = weights[rows, : mb.input_ids.shape[1]].to(self.device) if weights is not None else None
-                    logp, entropy = token_logprobs(self.model, mb.input_ids, mb.attention_mask,
-                                                   self.temperature, with_entropy=True)
-                    loss, pg = policy_loss(cfg.policy_loss.loss_mode, logp, mb.old_logprobs, mb.advantages,
-                                           mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
-                                           cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w,
-                                           config=cfg.policy_loss, **agg)
-                    terms = {f"{cfg.policy_loss.loss_mode} policy loss (loss/policy)": loss}
-                    if cfg.use_kl_loss:
-                        kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)
-                        terms["KL loss (actor.use_kl_loss)"] = kl_term = aggregate(
-                            kl, mb.loss_mask, cfg.loss_agg_mode, **agg)
-                        loss = loss + cfg.kl_loss_coef * kl_term
-                        _append(stats, "loss/kl", float(masked_mean(kl.detach(), mb.loss_mask)))
-                    if cfg.entropy_coeff:
-                        terms["entropy bonus (actor.entropy_coeff)"] = ent_term = aggregate(
-                            entropy, mb.loss_mask, cfg.loss_agg_mode, **agg)
-                        loss = loss - cfg.entropy_coeff * ent_term
-                    value = float(loss.detach())
-                    check_loss("policy update", value, terms, {
-                        "advantages": mb.advantages, "behaviour logprobs": mb.old_logprobs,
-                        "current logprobs": logp.detach(), "reference logprobs": mb.ref_logprobs,
-                        "importance weights": w}, mb.loss_mask)
-                    loss.backward()
-                    mini_loss += value
-                    _append(stats, "policy/pg_clipfrac", float(pg["pg_clipfrac"]))
-                    _append(stats, "policy/pg_clipfrac_lower", float(pg["pg_clipfrac_lower"]))
-                    _append(stats, "policy/ppo_kl", float(pg["ppo_kl"]))
-                    _append(stats, "policy/entropy", float(masked_mean(entropy.detach(), mb.loss_mask)))
+                for i, start in enumerate(starts):
+                    # A rank's gradients are all-reduced on its last micro-batch only.
+                    with dp.no_sync() if dp is not None and i < len(starts) - 1 else contextlib.nullcontext():
+                        mini_loss += self._micro_step(batch, rows[start:start + cfg.micro_batch_size], weights,
+                                                      agg, stats)
+                if dp is not None and not starts:  # no rows here: still take part in the all-reduce
+                    dp.idle_backward(batch.select(mini[:1]).to(self.device), self.temperature)
                 _append(stats, "loss/policy", mini_loss)
                 grad_norm = self._clip_and_step()
                 _append(stats, "policy/grad_norm", grad_norm)
-        return {k: sum(v) / len(v) for k, v in stats.items()}
+        return stats
+
+    def _micro_step(self, batch: Batch, rows: torch.Tensor, weights: torch.Tensor | None, agg: dict[str, float],
+                    stats: dict[str, list[float]]) -> float:
+        """Forward and backward of one micro-batch; returns its loss."""
+        cfg = self.cfg
+        mb = batch.select(rows).to(self.device)
+        w = weights[rows, : mb.input_ids.shape[1]].to(self.device) if weights is not None else None
+        forward = self.parallel.module if self.parallel is not None else self.model
+        logp, entropy = token_logprobs(forward, mb.input_ids, mb.attention_mask, self.temperature, with_entropy=True)
+        loss, pg = policy_loss(cfg.policy_loss.loss_mode, logp, mb.old_logprobs, mb.advantages,
+                               mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
+                               cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w,
+                               config=cfg.policy_loss, **agg)
+        terms = {f"{cfg.policy_loss.loss_mode} policy loss (loss/policy)": loss}
+        if cfg.use_kl_loss:
+            kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)
+            terms["KL loss (actor.use_kl_loss)"] = kl_term = aggregate(kl, mb.loss_mask, cfg.loss_agg_mode, **agg)
+            loss = loss + cfg.kl_loss_coef * kl_term
+            _append(stats, "loss/kl", float(masked_mean(kl.detach(), mb.loss_mask)))
+        if cfg.entropy_coeff:
+            terms["entropy bonus (actor.entropy_coeff)"] = ent_term = aggregate(
+                entropy, mb.loss_mask, cfg.loss_agg_mode, **agg)
+            loss = loss - cfg.entropy_coeff * ent_term
+        value = float(loss.detach())
+        check_loss("policy update", value, terms, {
+            "advantages": mb.advantages, "behaviour logprobs": mb.old_logprobs,
+            "current logprobs": logp.detach(), "reference logprobs": mb.ref_logprobs,
+            "importance weights": w}, mb.loss_mask)
+        loss.backward()
+        _append(stats, "policy/pg_clipfrac", float(pg["pg_clipfrac"]))
+        _append(stats, "policy/pg_clipfrac_lower", float(pg["pg_clipfrac_lower"]))
+        _append(stats, "policy/ppo_kl", float(pg["ppo_kl"]))
+        _append(stats, "policy/entropy", float(masked_mean(entropy.detach(), mb.loss_mask)))
+        return value
+
+    def load_state(self, weights: dict[str, torch.Tensor], optimizer_state: dict) -> None:
+        """Continue from a checkpoint's weights and optimizer state."""
+        self.model.load_state_dict(weights, strict=False)
+        self.optimizer.load_state_dict(optimizer_state)
 
     def _off_policy_weights(self, batch: Batch, stats: dict[str, list[float]]) -> torch.Tensor | None:
         """pi_old / pi_behaviour per token (TIS or decoupled PPO), or None when both are off."""

@@ -283,8 +283,7 @@ class Trainer:
             return
         ckpt, (weights, optimizer_state, state) = found
         try:
-            self.actor.model.load_state_dict(weights, strict=False)
-            self.actor.optimizer.load_state_dict(optimizer_state)
+            self.actor.load_state(weights, optimizer_state)
         except (RuntimeError, ValueError, KeyError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise CheckpointError(f"checkpoint {ckpt} does not fit this run's model: {first}") from None
