@@ -54,8 +54,9 @@ class Saboteur:
         import ray
 
         target = named_actor({"engine": "-engine-0", "trainer_rank": "-actor_train-1"}[what])
-        # From another thread: the episodes' next requests are usually in flight when it dies.
-        threading.Thread(target=ray.kill, args=(target,), kwargs={"no_restart": False}).start()
+        # A moment later, from another thread: the episodes' next requests are usually in flight
+        # when it dies (the test asserts nothing that depends on it).
+        threading.Timer(0.02, ray.kill, args=(target,), kwargs={"no_restart": False}).start()
 
 
 class CoinEnv:
