@@ -49,6 +49,7 @@ class ReplicaLink:
         self.cancelled: list[int] = []
         self._ids = itertools.count()
         self._driver: asyncio.Task | None = None
+        self.down = False  # the replica died: wait for its restart before the next call
 
     @property
     def load(self) -> int:
@@ -94,26 +95,38 @@ class ReplicaLink:
             await asyncio.sleep(0)  # episodes whose reply arrived run up to their next request
 
     async def _call(self, new: list, cancelled: list[int]) -> list:
-        """One serve call; a replica that died fails the requests it held, and the new ones wait
-        (up to restart_timeout) for it to come back."""
+        """One serve call. A replica that dies fails every request it held (their episodes fail as
+        engine errors and are retried under rollout.max_retries); requests made after that wait
+        (up to restart_timeout) until Ray has restarted it."""
         import ray
 
-        held = [rid for rid in self.sent if rid not in {r for r, _, _ in new}]
+        if self.down:
+            await self._wait_up()
+        try:
+            return await self.handle.serve.remote(self.client, self.incarnation, new, cancelled)
+        except ray.exceptions.ActorDiedError as e:
+            raise EngineError(f"{self.name} died and will not restart: {first_line(e)}") from None
+        except ray.exceptions.RayActorError as e:  # died (or was found restarting): Ray restarts it
+            self.down = True
+            self._fail(list(self.sent), EngineError(f"{self.name} died with this request in flight: {first_line(e)}"))
+            return []
+
+    async def _wait_up(self) -> None:
+        """Until the replica answers again; an EngineError when it will not."""
+        import ray
+
         deadline = time.monotonic() + self.restart_timeout
         while True:
             try:
-                return await self.handle.serve.remote(self.client, self.incarnation, new, cancelled)
+                await self.handle.info.remote()
+                self.down = False
+                return
             except ray.exceptions.ActorDiedError as e:
                 raise EngineError(f"{self.name} died and will not restart: {first_line(e)}") from None
-            except ray.exceptions.RayActorError as e:  # died or restarting: Ray restarts it
-                if held:  # lost with the replica: those episodes fail (and are retried as engine errors)
-                    self._fail(held, EngineError(f"{self.name} died with this request in flight: {first_line(e)}"))
-                    held = []
+            except ray.exceptions.RayActorError as e:
                 if time.monotonic() > deadline:
                     raise EngineError(f"{self.name} did not come back within runtime.restart_timeout="
                                       f"{self.restart_timeout}s: {first_line(e)}") from None
-                cancelled = []
-                new = [n for n in new if n[0] in self.waiting]
                 await asyncio.sleep(RESTART_POLL)
 
     def _fail(self, rids: list[int], error: Exception) -> None:

@@ -78,11 +78,12 @@ def init_cluster(num_cpus: int | None = None, num_gpus: int | None = None, temp_
     files in `temp_dir`, the driver's import paths for every worker."""
     ray = require_ray()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else Ray writes ~/.ray/auth_token and warns
-    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "ERROR", "runtime_env": worker_env()}
-    if address:
+    kwargs: dict[str, Any] = {"logging_level": "ERROR", "runtime_env": worker_env()}
+    if address:  # the cluster's own settings (dashboard, folders) are its owner's
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, _temp_dir=temp_dir, **kwargs)
+        ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, _temp_dir=temp_dir, include_dashboard=False,
+                 **kwargs)
 
 
 @contextlib.contextmanager

@@ -25,13 +25,13 @@ from agentrl.train.checkpoint import list_checkpoints, read_checkpoint, remove_p
 RESUMES_NAME, LOCK_NAME = "resumes.jsonl", ".lock"
 # What a run leaves in its folder; --overwrite removes these (and nothing a user put there).
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "samples.jsonl", "errors.jsonl", "tensorboard",
-               "curves.png", RESUMES_NAME)
+               "curves.png", RESUMES_NAME, ".weight_sync")
 # Fields a resume may change: how long, how often to save / evaluate / log, where, how episodes
 # are guarded. Every other field changes what the run means (data, model, objective, seeds).
 RESUMABLE = ("trainer.total_steps", "trainer.test_freq", "trainer.save_freq", "trainer.max_checkpoints",
              "trainer.eval_episodes", "trainer.logger", "trainer.progress", "rollout.episode_timeout",
              "rollout.max_retries", "rollout.max_failed_fraction", "device", "model.cache_dir", "run_dir",
-             "output_dir", "exp_name")
+             "output_dir", "exp_name", "runtime")  # runtime: where the parts run, not what the run means
 
 
 class RunFolderError(AgentRLError):

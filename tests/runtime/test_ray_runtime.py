@@ -1,7 +1,8 @@
-"""The Ray runtime end to end, on one local cluster shared by the module (4 logical CPUs, no GPU):
-the same metrics as the local runtime, data-parallel training equal to one worker, a dead
-trainer rank stopping the run and `agentrl resume` continuing it, engines and env managers
-killed mid-run and restarted, impossible placements refused in one line."""
+"""The Ray runtime end to end, on one cluster shared by the module: two nodes of 2 logical CPUs
+each (ray.cluster_utils.Cluster: two raylets on this machine), no GPU. The same metrics as the
+local runtime; data-parallel training equal to one worker; a dead trainer rank stopping the run
+and `agentrl resume` continuing it; an engine and an env manager killed mid-run and restarted,
+in a run whose engine sits on the second node; impossible placements refused in one line."""
 
 import os
 import shutil
@@ -40,11 +41,24 @@ LAKE = [*TINY, "env.max_turns=3", "env.args.max_steps=3"]
 
 @pytest.fixture(scope="module")
 def cluster():
+    from ray.cluster_utils import Cluster
+
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_TMPDIR")}
     temp = tempfile.mkdtemp(prefix="agentrl-ray-")  # short: Ray's socket paths must fit 107 bytes
-    init_cluster(num_cpus=4, num_gpus=0, temp_dir=temp)
-    yield
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_TMPDIR=temp)  # the helper's files go there, not /tmp/ray
+    os.makedirs(os.path.join(temp, "ray"))
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False})
+    nodes.add_node(num_cpus=2, num_gpus=0)
+    init_cluster(address=nodes.address)
+    yield nodes
     ray.shutdown()
+    nodes.shutdown()
     shutil.rmtree(temp, ignore_errors=True)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture
@@ -139,20 +153,22 @@ def _weight_diffs(a, b):
 
 
 def test_engines_and_env_managers_killed_mid_run_are_restarted_and_the_run_finishes(cluster, cache, tmp_path):
-    """Seed 003's AgentTrainer with an env class of its own, two env managers sharing one engine:
+    """Seed 003's AgentTrainer with an env class of its own, two env managers sharing one engine
+    that needs a whole node (so it sits on the second one, and weights go by the object store):
     the engine is killed in step 1 and an env manager exits in step 2; Ray restarts both, the
     lost episodes count as failures and are replayed, and the run trains every step."""
     model = _model(cache, LAKE)
-    marker = tmp_path / "marker"
+    marker, logs = tmp_path / "marker", []
     marker.mkdir()
     cfg = load_config("configs/frozen_lake.yaml", [
         *LAKE, f"model.path={model}", f"run_dir={tmp_path / 'run'}", "runtime.kind=ray", "runtime.env_managers=2",
-        "rollout.batch_size=8", "actor.ppo_mini_batch_size=8", f"env.args.marker={marker}",
-        "env.args.kills={engine: 3, env_manager: 30}"])
-    trainer = AgentTrainer(config=cfg, env_cls=ray_envs.SabotagedLake, log=lambda m: None)
+        "runtime.actor_infer.num_cpus=2", "rollout.batch_size=8", "actor.ppo_mini_batch_size=8",
+        f"env.args.marker={marker}", "env.args.kills={engine: 3, env_manager: 30}"])
+    trainer = AgentTrainer(config=cfg, env_cls=ray_envs.SabotagedLake, log=logs.append)
     trainer.init_workers()
     summary = trainer.fit()
     assert summary["steps"] == 3
+    assert any("weights by object_store" in m for m in logs), logs
     assert (marker / "killed_engine").exists() and (marker / "killed_env_manager").exists()
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     total = lambda key: sum(r.get(key, 0) for r in rows)  # noqa: E731
@@ -179,7 +195,9 @@ def test_an_impossible_placement_fails_in_one_line_before_any_actor(cluster, tmp
 
 
 def test_a_placement_held_by_other_work_times_out_with_a_message(cluster, cache, tmp_path):
-    @ray.remote(num_cpus=3)
+    """Another job holds a whole node: trainer rank 0 (pinned to the head) and a 2-CPU engine
+    no longer fit, though the cluster could hold them; the wait ends at placement_timeout."""
+    @ray.remote(num_cpus=2)
     class Hog:
         def ready(self):
             return True
@@ -187,10 +205,10 @@ def test_a_placement_held_by_other_work_times_out_with_a_message(cluster, cache,
     hog = Hog.remote()
     ray.get(hog.ready.remote())
     try:
-        cfg = load_config(None, [*COIN, f"model.cache_dir={cache}", "runtime.kind=ray",
+        cfg = load_config(None, [*COIN, f"model.cache_dir={cache}", "runtime.kind=ray", "runtime.actor_infer.num_cpus=2",
                                  "runtime.placement_timeout=2", f"run_dir={tmp_path}"])
         with pytest.raises(ConfigError, match=r"did not place the run .* within runtime.placement_timeout=2s; "
-                                              r"free now: \{'CPU': 1.0\}"):
+                                              r"free now: \{'CPU': 2.0\}"):
             train(cfg, log=lambda m: None)
     finally:
         ray.kill(hog)
