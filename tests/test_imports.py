@@ -18,6 +18,9 @@ FORBIDDEN = {
     "train": {"envs", "agents", "llm", "runtime", "cli"},
     "models": {"envs", "agents", "rollout", "train", "runtime", "algos", "cli"},
     "runtime": {"cli"},
+    # the runtime section of the config: plain data and its checks
+    "config_runtime": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "ray",
+                       "torch"},
     # the episode record is the bottom of the tree: everything may import it, it imports nothing of ours
     "trajectory": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config",
                    "registry", "metrics", "errors", "api", "torch"},
