@@ -99,15 +99,20 @@ def test_the_object_store_transport_round_trip(cluster):
 
 
 def test_one_trainer_engine_and_env_manager_give_the_local_metrics(cluster, cache, tmp_path, one_thread):
-    """The embedded model (shipped to the actors through the object store), 3 steps of GRPO on an
-    env whose rewards differ within a group: every non-perf metric equals the local run's."""
+    """The embedded model (shipped to the actors through the object store), 3 steps of PPO with a
+    critic and a KL loss to the reference (both in actors of their own) on an env whose rewards
+    differ within a group: every non-perf metric equals the local run's."""
+    ppo = ["algorithm.adv_estimator=gae", "critic.enable=true", "critic.ppo_mini_batch_size=4",
+           "critic.micro_batch_size=2", "actor.use_kl_loss=true"]
     runs = {}
     for kind in ("local", "ray"):
-        cfg = load_config(None, [*COIN, f"model.cache_dir={cache}", f"run_dir={tmp_path / kind}", f"runtime.kind={kind}"])
+        cfg = load_config(None, [*COIN, *ppo, f"model.cache_dir={cache}", f"run_dir={tmp_path / kind}",
+                                 f"runtime.kind={kind}"])
         runs[kind] = train(cfg, log=lambda m: None)
     local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "ray")
     assert [r["step"] for r in remote] == [0, 1, 2, 3, 3]
-    assert any(r.get("loss/policy") for r in local), "the updates moved the weights"
+    assert any(r.get("loss/policy") for r in local) and any(r.get("loss/kl") for r in local[2:])
+    assert any(r.get("loss/value") for r in local), "the critic learned"
     assert remote == local
     assert runs["ray"]["ray_start_seconds"] > 0 and runs["ray"]["eval_success_after"] == runs["local"]["eval_success_after"]
 
