@@ -38,7 +38,7 @@ from agentrl.metrics import write_summary
 from agentrl.registry import load_builtins
 from agentrl.runtime.build import build_policy, needs_reference, seed_everything
 from agentrl.runtime.engine_client import first_line
-from agentrl.runtime.placement import Plan, check_resources, choose_transport, options, plan_placement, reserve
+from agentrl.runtime.placement import HEAD, Plan, check_resources, choose_transport, options, plan_placement, reserve
 from agentrl.runtime.preflight import preflight
 from agentrl.runtime.warm import model_context
 from agentrl.runtime.workers import RunSpec, model_source, share, user_registrations
@@ -99,11 +99,14 @@ def cluster(cfg: Config, log: Callable[[str], None]) -> Iterator[None]:
     t0 = time.perf_counter()
     init_cluster(rt.num_cpus, rt.num_gpus, temp, rt.address)
     where = f"joined {rt.address}" if rt.address else f"started a local cluster ({rt.num_cpus or os.cpu_count()} CPUs)"
-    log(f"ray: {where} in {time.perf_counter() - t0:.1f} s")
     ok = False
     try:
+        log(f"ray: {where} in {time.perf_counter() - t0:.1f} s")
         yield
         ok = True
+    except AgentRLError:  # the user's to fix, in the message: the session logs would not help
+        ok = True
+        raise
     finally:
         ray.shutdown()
         if not rt.temp_dir and not rt.address:
@@ -111,6 +114,17 @@ def cluster(cfg: Config, log: Callable[[str], None]) -> Iterator[None]:
                 shutil.rmtree(temp, ignore_errors=True)
             else:
                 log(f"ray: session logs kept in {temp}")
+
+
+def local_cluster_resources(cfg: Config) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """(total, nodes) of the local cluster runtime.kind=ray would start here: known before
+    starting it, so an impossible placement fails without waiting for Ray."""
+    import torch
+
+    rt = cfg.runtime
+    node = {"CPU": float(rt.num_cpus or os.cpu_count() or 1),
+            "GPU": float(rt.num_gpus if rt.num_gpus is not None else torch.cuda.device_count()), HEAD: 1.0}
+    return node, [node]
 
 
 def actor_config(cfg: Config, run_dir: Path) -> Config:
@@ -134,8 +148,10 @@ def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
     load_builtins()
     preflight(cfg)  # every model-free check before the cluster starts
     t_start = time.perf_counter()
+    plan = plan_placement(cfg, reference=needs_reference(cfg), critic=cfg.critic.enable)
+    if not ray.is_initialized() and not cfg.runtime.address:
+        check_resources(plan, cfg, *local_cluster_resources(cfg))  # before starting Ray: in a second
     with cluster(cfg, log):
-        plan = plan_placement(cfg, reference=needs_reference(cfg), critic=cfg.critic.enable)
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
         check_resources(plan, cfg, ray.cluster_resources(), nodes)
         pg = reserve(plan, cfg)  # before the model: a placement that cannot be had fails in seconds
