@@ -140,7 +140,8 @@ class AgentTrainer:
                               f"agent_cls, env_cls, overrides, resume, overwrite, log (and verl's {', '.join(VERL_ARGS)}, ignored)")
         if kwargs:
             log(f"AgentTrainer: ignoring {', '.join(kwargs)} (verl's Ray workers and reward functions: agentrl "
-                "builds its parts in this process and takes rewards from the env)")
+                "places its parts by the config's runtime section (runtime.kind=ray: Ray actors) and takes rewards "
+                "from the env)")
         self.config = with_classes(_config(config, overrides), agent_cls, env_cls)
         self.tokenizer = tokenizer
         self.resume = resume

@@ -20,6 +20,7 @@ from agentrl.config_algo import (ActorConfig, AlgorithmConfig, CriticConfig, Fil
                                  KLControlConfig, PolicyLossConfig)
 from agentrl.config_checks import BUILTIN_POLICY_LOSSES, validate  # noqa: F401  (BUILTIN_POLICY_LOSSES: re-exported)
 from agentrl.config_model import LoraConfig
+from agentrl.config_runtime import RuntimeConfig
 from agentrl.config_io import _all_keys, dataclass_docs, from_dict, parse_override, read_yaml, set_path
 from agentrl.config_serve import EngineServing, ServeConfig
 from agentrl.errors import ConfigError
@@ -284,6 +285,8 @@ class Config:
     """Loop, evaluation, checkpoints, logging."""
     health: HealthConfig = field(default_factory=HealthConfig)
     """Collapse alarms: thresholds of the health/ signals (agentrl/health.py)."""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Where the parts run: this process (local) or Ray actors placed ROLL-style (ray)."""
 
     def resolved_run_dir(self) -> Path:
         """The folder this run writes to."""

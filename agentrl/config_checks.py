@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from agentrl.config_limits import check_limits
 from agentrl.config_model import check_model_section
 from agentrl.config_serve import validate_serve
+from agentrl.config_runtime import check_runtime
 from agentrl.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:  # config.py calls validate; the types only are needed here
@@ -80,6 +81,7 @@ def validate(cfg: Config) -> None:
         from agentrl.wandb_sink import check_installed
 
         check_installed()
+    check_runtime(cfg)
     if cfg.model.path is not None and not Path(cfg.model.path).expanduser().is_dir():
         raise ConfigError(f"model.path={cfg.model.path!r}: no such directory (expected a local "
                           "Hugging Face model folder with config.json)")

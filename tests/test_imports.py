@@ -21,6 +21,9 @@ FORBIDDEN = {
     # config sections are plain data: serving's may not pull in the server or an engine
     "config_serve": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "torch",
                      "fastapi", "uvicorn", "httpx", "openai"},
+    # the runtime section of the config: plain data and its checks
+    "config_runtime": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "ray",
+                       "torch"},
     # the episode record is the bottom of the tree: everything may import it, it imports nothing of ours
     "trajectory": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config",
                    "registry", "metrics", "errors", "api", "torch"},

@@ -93,13 +93,23 @@ class LocalEngine:
     # ------------------------------------------------------------------ public API
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         """Queue one request; it joins the running batch at the next step. Waits for its completion."""
-        req = self._make_request(prompt_ids, sampling)
         loop = asyncio.get_running_loop()
-        req.future = loop.create_future()
-        self.sched.waiting.append(req)
+        future = loop.create_future()
+        self.submit(prompt_ids, sampling, future)
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
             self._task = loop.create_task(self._serve())
-        return await req.future
+        return await future
+
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams, future: asyncio.Future) -> None:
+        """Queue one request whose Completion resolves `future`, without starting the serving
+        loop: for a host that runs `serve_step` itself (an engine actor driven by its clients)."""
+        req = self._make_request(prompt_ids, sampling)
+        req.future = future
+        self.sched.waiting.append(req)
+
+    def has_work(self) -> bool:
+        """Whether requests wait or run."""
+        return self.sched.has_work()
 
     def load_weights(self, state_dict: dict[str, Any]) -> int:
         """Copy new policy weights in between two steps; returns the new policy version.
@@ -188,14 +198,18 @@ class LocalEngine:
 
     async def _serve(self) -> None:
         while self.sched.has_work():
-            try:
-                self.step()
-            except Exception as e:  # a failed step must fail its requests, not hang them
-                err = EngineError(f"generation failed: {type(e).__name__}: {e}")
-                for req in self.sched.fail_all():
-                    _resolve(req, exception=err)
+            self.serve_step()
             # Let every episode whose request just finished run up to its next request.
             await asyncio.sleep(0)
+
+    def serve_step(self) -> None:
+        """One `step`; a step that raises fails the requests it held instead of hanging them."""
+        try:
+            self.step()
+        except Exception as e:
+            err = EngineError(f"generation failed: {type(e).__name__}: {e}")
+            for req in self.sched.fail_all():
+                _resolve(req, exception=err)
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()

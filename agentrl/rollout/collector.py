@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # types only: the collector imports the env contract's checks
     from agentrl.envs.base import Env
     from agentrl.llm.engine import LLMClient
 
-FAILURE_KINDS = ("env", "agent", "engine", "timeout")
+FAILURE_KINDS = ("env", "agent", "engine", "timeout", "worker")  # worker: the process playing it died (Ray)
 WATCH_SECONDS = 1.0  # how often the calling thread checks on the episodes' event loop
 HANG_WARN_SECONDS = 600.0  # without an episode timeout, warn once when a collection runs this long
 
@@ -206,13 +206,14 @@ class RolloutCollector:
                 warn_hang(f"{n} episodes have been collecting for {now - start:.0f} s; if an env or agent "
                           "hangs, set rollout.episode_timeout to end such episodes")
 
-    async def acollect(self, tasks: list[Task]) -> CollectResult:
-        """Async form of `collect`."""
+    async def acollect(self, tasks: list[Task], first_attempt: int = 0) -> CollectResult:
+        """Async form of `collect`; `first_attempt` > 0 replays tasks whose earlier attempts were
+        lost elsewhere (an env-manager process that died), with those attempts' retry budget spent."""
         unknown = sorted({t.tag for t in tasks} - set(self.tags))
         if unknown:  # a wiring bug, not an episode failure: fail loudly
             raise ValueError(f"tasks name tags {unknown} this collector has no env for; known: {sorted(self.tags)}")
         result = CollectResult([], episodes=len(tasks))
-        outcomes = await asyncio.gather(*(self._episode(t, result) for t in tasks))
+        outcomes = await asyncio.gather(*(self._episode(t, result, first_attempt) for t in tasks))
         failed_groups = {t.group_id for t, o in zip(tasks, outcomes) if o is None}
         kept = [o for t, o in zip(tasks, outcomes) if o is not None and t.group_id not in failed_groups]
         result.trajectories = [traj for episode in kept for traj in episode]
@@ -221,10 +222,12 @@ class RolloutCollector:
         result.dropped_groups = len(failed_groups)
         return result
 
-    async def _episode(self, task: Task, result: CollectResult) -> list[Trajectory] | None:
+    async def _episode(self, task: Task, result: CollectResult, first_attempt: int = 0) -> list[Trajectory] | None:
         """The episode's trajectories (one, or one per segment), retrying failed attempts; None
         when every attempt failed."""
-        for attempt in range(self.max_retries + 1):
+        for attempt in range(1, first_attempt):  # the sampling seeds the lost attempts used
+            task = replace(task, sampling_seed=retry_seed(task.sampling_seed, attempt))
+        for attempt in range(first_attempt, self.max_retries + 1):
             if attempt:
                 result.retries += 1
                 task = replace(task, sampling_seed=retry_seed(task.sampling_seed, attempt))

@@ -117,9 +117,6 @@ def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, 
 def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor, Reference | None, Critic | None]:
     """The actor that updates `model` (wrapped with LoRA adapters when model.lora.rank > 0), and
     the reference and critic when the config uses them."""
-    horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())  # most tokens an episode generates
-    if cfg.rollout.max_episode_tokens:
-        horizon = min(horizon, float(cfg.rollout.max_episode_tokens))
     m = cfg.model
     if m.use_remove_padding and packed_kernels_available(model, device):
         # Variable-length kernels: packed sequences cost what their own lengths cost. Without
@@ -129,19 +126,39 @@ def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor
         # Non-reentrant checkpointing needs no input that requires grad (a frozen LoRA base).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy = apply_lora(model, m.lora, cfg.seed) if m.lora.enabled else model
-    actor = Actor(policy, cfg.actor, temperature=cfg.rollout.temperature, horizon=horizon,
+    actor = Actor(policy, cfg.actor, temperature=cfg.rollout.temperature, horizon=update_horizon(cfg),
                   packed=m.use_remove_padding)
-    # The reference exists only when a KL term needs it: it costs a model copy and a forward
-    # (with LoRA it is the policy with its adapters off: no copy).
-    needs_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    ref_options = ForwardOptions(cfg.actor.micro_batch_size, cfg.actor.max_tokens_per_micro_batch, m.use_remove_padding)
-    reference = (Reference(policy if m.lora.enabled else copy.deepcopy(model), ref_options, cfg.rollout.temperature)
-                 if needs_ref else None)
-    critic = None
-    if cfg.critic.enable:
-        seed_everything(cfg.seed)
-        critic = Critic(ValueModel(policy).to(device), cfg.critic, horizon, packed=m.use_remove_padding)
+    # With LoRA the reference is the policy with its adapters off: no copy.
+    reference = (build_reference(cfg, policy if m.lora.enabled else copy.deepcopy(model))
+                 if needs_reference(cfg) else None)
+    critic = build_critic(cfg, policy, device) if cfg.critic.enable else None
     return actor, reference, critic
+
+
+def update_horizon(cfg: Config) -> float:
+    """The most tokens an episode generates: the constant of the *-token-sum-norm loss modes."""
+    horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())
+    if cfg.rollout.max_episode_tokens:
+        horizon = min(horizon, float(cfg.rollout.max_episode_tokens))
+    return horizon
+
+
+def needs_reference(cfg: Config) -> bool:
+    """The reference exists only when a KL term needs it: it costs a model copy and a forward."""
+    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def build_reference(cfg: Config, model: Any) -> Reference:
+    """The frozen reference policy, from its own copy of the starting model."""
+    options = ForwardOptions(cfg.actor.micro_batch_size, cfg.actor.max_tokens_per_micro_batch,
+                             cfg.model.use_remove_padding)
+    return Reference(model, options, cfg.rollout.temperature)
+
+
+def build_critic(cfg: Config, model: Any, device: torch.device) -> Critic:
+    """The critic: the policy's body with a fresh value head (seeded: the same in every runtime)."""
+    seed_everything(cfg.seed)
+    return Critic(ValueModel(model).to(device), cfg.critic, update_horizon(cfg), packed=cfg.model.use_remove_padding)
 
 
 def packed_kernels_available(model: Any, device: torch.device) -> bool:

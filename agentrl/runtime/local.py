@@ -1,10 +1,12 @@
 """The local runtime: a run's parts, built by runtime/build.py, placed in this process: the run
-folder checked and locked, the trainer fitted."""
+folder checked and locked, the trainer fitted. The run folder protocol is the same for the Ray
+runtime (runtime.kind=ray), whose parts `placed` hands to runtime/ray.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config, save_config
@@ -39,13 +41,26 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
         else:
             prepare_fresh(run_dir, overwrite)
             save_config(cfg, run_dir / "config.yaml")
-        trainer = build_trainer(cfg, run_dir, log, tokenizer)
-        if resume:
-            trainer._restore()
-            # Only now is the new config proven to fit the run: write it and record what changed.
-            save_config(cfg, run_dir / "config.yaml")
-            record_resume(run_dir, trainer.step_idx, changes)
-        yield trainer
+        with placed(cfg, run_dir, log, tokenizer) as trainer:
+            if resume:
+                trainer._restore()
+                # Only now is the new config proven to fit the run: write it and record what changed.
+                save_config(cfg, run_dir / "config.yaml")
+                record_resume(run_dir, trainer.step_idx, changes)
+            yield trainer
+
+
+@contextmanager
+def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Any) -> Iterator[Any]:
+    """The trainer of `cfg`: built in this process (runtime.kind=local), or its parts placed as
+    Ray actors (runtime.kind=ray, runtime/ray.py: a handle with the same fit / _restore / step_idx)."""
+    if cfg.runtime.kind == "ray":
+        from agentrl.runtime.ray import ray_trainer
+
+        with ray_trainer(cfg, run_dir, log, tokenizer) as trainer:
+            yield trainer
+    else:
+        yield build_trainer(cfg, run_dir, log, tokenizer)
 
 
 def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Any = None,

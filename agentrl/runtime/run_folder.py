@@ -25,14 +25,14 @@ from agentrl.train.checkpoint import list_checkpoints, read_checkpoint, remove_p
 RESUMES_NAME, LOCK_NAME = "resumes.jsonl", ".lock"
 # What a run leaves in its folder; --overwrite removes these (and nothing a user put there).
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "samples.jsonl", "errors.jsonl", "tensorboard",
-               "curves.png", RESUMES_NAME, "dumps", "view.html", "wandb")
+               "curves.png", RESUMES_NAME, "dumps", "view.html", "wandb", ".weight_sync")
 # Fields a resume may change: how long, how often to save / evaluate / log, where, how episodes
 # are guarded. Every other field changes what the run means (data, model, objective, seeds).
 RESUMABLE = ("trainer.total_steps", "trainer.test_freq", "trainer.save_freq", "trainer.max_checkpoints",
              "trainer.eval_episodes", "trainer.logger", "trainer.progress", "rollout.episode_timeout",
              "rollout.max_retries", "rollout.max_failed_fraction", "device", "model.cache_dir", "run_dir",
              "output_dir", "exp_name", "trainer.dump_trajectories_freq", "trainer.dump_max_tokens",
-             "trainer.on_collapse", "health")
+             "trainer.on_collapse", "health", "runtime")  # runtime: where the parts run, not what the run means
 
 
 class RunFolderError(AgentRLError):

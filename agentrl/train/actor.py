@@ -15,6 +15,7 @@ from agentrl.models.lora import adapter_state, is_peft, load_adapter_state
 from agentrl.train.batch import Batch, micro_batches
 from agentrl.train.forward import ForwardOptions, logprobs, token_logprobs  # noqa: F401  (token_logprobs: re-exported)
 from agentrl.train.numerics import check_grad_norm, check_loss
+from agentrl.train.parallel import DataParallel
 from agentrl.train.precision import MasterWeights
 
 
@@ -65,8 +66,9 @@ class Actor:
     adapters; with bfloat16 weights, float32 master copies of them)."""
 
     def __init__(self, model: torch.nn.Module, cfg: ActorConfig, temperature: float,
-                 horizon: float | None = None, packed: bool = False) -> None:
+                 horizon: float | None = None, packed: bool = False, parallel: DataParallel | None = None) -> None:
         self.model = model
+        self.parallel = parallel  # a data-parallel rank: updates on its share, gradients summed
         self.cfg = cfg
         self.temperature = temperature
         self.options = ForwardOptions(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, packed)
@@ -108,34 +110,49 @@ class Actor:
         else:
             self.model.load_state_dict(weights, strict=False)
 
-    def load_optimizer_state(self, optimizer: dict[str, Any], master: dict[int, torch.Tensor] | None) -> None:
-        """Restore the optimizer's state and the float32 master copies a checkpoint holds."""
-        self.optimizer.load_state_dict(optimizer)
-        self.master.load_state_dict(master)
-
     # ------------------------------------------------------------------ the update
     def update(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over mini-batches (one optimizer step each) of micro-batches."""
+        return {k: sum(v) / len(v) for k, v in self.update_stats(batch).items()}
+
+    def update_stats(self, batch: Batch) -> dict[str, list[float]]:
+        """`update`, with every value each statistic took (per micro-batch or mini-batch): a
+        data-parallel rank updates on its share of each mini-batch, and the stats of every rank
+        are merged before averaging (train/parallel.py)."""
         assert batch.old_logprobs is not None and batch.advantages is not None, "score the batch first"
         self.model.train()
-        cfg, opt = self.cfg, self.options
+        cfg, opt, dp = self.cfg, self.options, self.parallel
         stats: dict[str, list[float]] = {}
         weights = self._off_policy_weights(batch, stats)
         for _ in range(cfg.ppo_epochs):
             for mstart in range(0, batch.size, cfg.ppo_mini_batch_size):
                 mini = torch.arange(mstart, min(mstart + cfg.ppo_mini_batch_size, batch.size))
                 mask = batch.loss_mask[mini]
+                # Counts of the whole mini-batch: each micro-batch's (and each rank's) loss is
+                # its share of the mini-batch loss, so the gradients add up to the whole one's.
                 agg = {"num_tokens": float(mask.sum().clamp(min=1.0)),
                        "num_seqs": float((mask.sum(-1) > 0).sum().clamp(min=1)), "horizon": self.horizon}
                 self.optimizer.zero_grad(set_to_none=True)
+                rows = mini if dp is None else dp.rows(mini)
                 mini_loss = 0.0
-                for rows in micro_batches(batch.attention_mask, mini, opt.micro_batch_size, opt.max_tokens,
-                                          opt.packed):
-                    mini_loss += self._backward(batch, rows, weights, agg, stats)
+                parts = micro_batches(batch.attention_mask, rows, opt.micro_batch_size, opt.max_tokens, opt.packed)
+                for i, part in enumerate(parts):
+                    # A rank's gradients are all-reduced on its last micro-batch only.
+                    with dp.no_sync() if dp is not None and i < len(parts) - 1 else nullcontext():
+                        mini_loss += self._backward(batch, part, weights, agg, stats)
+                if dp is not None and not parts:  # no rows here: still take part in the all-reduce
+                    dp.idle_backward(batch.select(mini[:1]).to(self.device), self.temperature)
                 _append(stats, "loss/policy", mini_loss)
                 grad_norm = self._clip_and_step()
                 _append(stats, "policy/grad_norm", grad_norm)
-        return {k: sum(v) / len(v) for k, v in stats.items()}
+        return stats
+
+    def load_state(self, weights: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
+                   master: dict[int, torch.Tensor] | None = None) -> None:
+        """Continue from a checkpoint: its trained weights, optimizer state and float32 master copies."""
+        self.load_weights(weights)
+        self.optimizer.load_state_dict(optimizer_state)
+        self.master.load_state_dict(master)
 
     def _backward(self, batch: Batch, rows: torch.Tensor, weights: torch.Tensor | None, agg: dict[str, Any],
                   stats: dict[str, list[float]]) -> float:
@@ -143,7 +160,8 @@ class Actor:
         cfg = self.cfg
         mb = batch.select(rows).to(self.device)
         w = weights[rows, : mb.input_ids.shape[1]].to(self.device) if weights is not None else None
-        logp, entropy = logprobs(self.model, mb.input_ids, mb.attention_mask, self.temperature,
+        forward = self.parallel.module if self.parallel is not None else self.model
+        logp, entropy = logprobs(forward, mb.input_ids, mb.attention_mask, self.temperature,
                                  self.options.packed, with_entropy=True, entropy_grad=bool(cfg.entropy_coeff))
         loss, pg = policy_loss(cfg.policy_loss.loss_mode, logp, mb.old_logprobs, mb.advantages,
                                mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,

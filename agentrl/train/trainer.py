@@ -297,8 +297,7 @@ class Trainer:
             return
         ckpt, (weights, optimizer_state, state) = found
         try:
-            self.actor.load_weights(weights)
-            self.actor.load_optimizer_state(optimizer_state, state.get("master_weights"))
+            self.actor.load_state(weights, optimizer_state, state.get("master_weights"))
         except (RuntimeError, ValueError, KeyError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise CheckpointError(f"checkpoint {ckpt} does not fit this run's model: {first}") from None

@@ -1,0 +1,40 @@
+"""An env manager as a Ray actor (ROLL's name): it builds every tag's envs and agents from the
+config and plays the episodes of the groups it is given, all at once, with the same collector
+as the local runtime (rollout/collector.py: retries, timeouts, failed groups dropped), against
+the engine replicas bound to it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.rollout.collector import CollectResult, RolloutCollector
+from agentrl.runtime.engine_client import RayEngineClient
+from agentrl.runtime.envs import import_user_modules, make_budget, make_env_factories, make_tag_specs
+from agentrl.runtime.workers import SharedSpec, node_id, setup_worker
+from agentrl.trajectory import Task
+
+
+class EnvManagerActor:
+    """Plays episodes for the trainer; many at once, as asyncio tasks in the actor's event loop."""
+
+    def __init__(self, shared: SharedSpec, engines: list[Any], engine_names: list[str], index: int) -> None:
+        spec = shared.get()
+        cfg = spec.cfg
+        setup_worker(cfg.runtime.env_manager_num_cpus, spec.registrations)
+        import_user_modules(cfg)
+        self.index = index
+        factories = make_env_factories(cfg)
+        specs = make_tag_specs(cfg, spec.tokenizer, factories, make_budget(cfg, spec.context))
+        self.client = RayEngineClient(engines, engine_names, client=f"env_manager-{index}",
+                                      restart_timeout=cfg.runtime.restart_timeout)
+        self.collector = RolloutCollector(specs, self.client, timeout=cfg.rollout.episode_timeout,
+                                          max_retries=cfg.rollout.max_retries)
+
+    async def collect(self, tasks: list[Task], first_attempt: int = 0) -> CollectResult:
+        """Play `tasks` (whole groups) to the end; `first_attempt` > 0 replays tasks whose
+        earlier attempts died with a previous incarnation of this actor."""
+        return await self.collector.acollect(tasks, first_attempt)
+
+    async def info(self) -> dict[str, Any]:
+        """Where it runs."""
+        return {"node": node_id(), "index": self.index}

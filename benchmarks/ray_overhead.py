@@ -1,0 +1,177 @@
+"""What the Ray runtime costs over the local one, on the same work, and what each weight transport
+costs per MB.
+
+(1) Per-step overhead: `configs/frozen_lake.yaml` for `--steps` steps, the same seed and the same
+    warm-started model (model.path), run by the local runtime (with as many torch threads as
+    each actor uses, `--local-threads`) and by runtime.kind=ray with
+    `--replicas` engines and `--managers` env managers; mean perf/step_seconds over the steps
+    after the first, the stages it splits into (collect, update, sync), eval success after, and
+    Ray's start-up (cluster, placement group, actors). On a machine with fewer cores than actors
+    the Ray run time-shares them: read the ratio, not the seconds.
+(2) Weight sync: synthetic float32 weights of `--mb` MB sent from this process to `--receivers`
+    actors that copy them into a model-sized buffer (what an engine's load_state_dict does),
+    through each transport that runs here (object_store, shm, file; the broadcast over gloo,
+    the code path NCCL runs on GPUs); best of `--repeats`, in ms per MB.
+(3) With a CUDA device, the 1-GPU colocated case too: trainer and engine on GPU 0
+    (runtime.actor_train.device_mapping=[0], actor_infer=[0]).
+
+The last line is a JSON summary.
+
+    python benchmarks/ray_overhead.py                               # 1 engine, 1 env manager, 6 steps
+    python benchmarks/ray_overhead.py --replicas 2 --managers 2 --steps 60 --learn   # the full run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agentrl.config import load_config
+from agentrl.metrics import read_jsonl
+from agentrl.models.embedded import cache_root, tiny_cache_key
+from agentrl.registry import load_builtins
+from agentrl.runtime.envs import make_env_factories
+from agentrl.runtime.local import train
+from agentrl.runtime.warm import load_policy
+from agentrl.runtime.weight_sync import make_transport
+
+
+def run_one(kind: str, args: argparse.Namespace, model: Path, folder: Path, extra: list[str]) -> dict:
+    """One training run; its wall time, step times and summary."""
+    over = [f"model.path={model}", f"run_dir={folder / kind}", f"trainer.total_steps={args.steps}",
+            "trainer.progress=false", "trainer.logger=[jsonl]", f"runtime.kind={kind}", *extra]
+    if not args.learn:
+        over += ["trainer.test_freq=0", "trainer.eval_episodes=8"]
+    if kind == "ray":
+        over += [f"runtime.actor_infer.world_size={args.replicas}", f"runtime.env_managers={args.managers}",
+                 f"runtime.actor_infer.num_cpus={args.engine_cpus}"]
+    cfg = load_config("configs/frozen_lake.yaml", over)
+    t0 = time.perf_counter()
+    summary = train(cfg, overwrite=True, log=lambda m: print(f"  {m}", file=sys.stderr))
+    wall = time.perf_counter() - t0
+    rows = [r for r in read_jsonl(folder / kind / "metrics.jsonl") if "perf/step_seconds" in r][1:]
+    mean = lambda key: statistics.mean(r.get(key, 0.0) for r in rows)  # noqa: E731
+    out = {"wall_s": round(wall, 2), "step_s": round(mean("perf/step_seconds"), 4),
+           "collect_s": round(mean("perf/time_collect"), 4), "update_s": round(mean("perf/time_update"), 4),
+           "sync_s": round(mean("perf/time_sync"), 4), "eval_success_after": summary["eval_success_after"]}
+    for key in ("ray_start_seconds", "policy_seconds", "ray_actors_seconds"):
+        if key in summary:
+            out[key] = summary[key]
+    return out
+
+
+class Receiver:
+    """Stands for an engine: copies what a transport carries into model-sized buffers."""
+
+    def __init__(self, layout: list) -> None:
+        torch.set_num_threads(1)
+        self.buffers = {name: torch.empty(shape, dtype=getattr(torch, dtype)) for name, dtype, shape in layout}
+        self.group = None
+
+    def join(self, host: str, port: int, rank: int, size: int) -> bool:
+        self.group = make_transport("gloo")
+        self.group.join(host, port, rank, size, timeout=120)
+        return True
+
+    def load(self, payload) -> int:
+        transport = self.group if payload.transport == "broadcast" else make_transport(payload.transport)
+        with transport.receive(payload) as weights:
+            for name, t in weights.items():
+                self.buffers[name].copy_(t)
+        return payload.version
+
+
+def sync_times(mb: int, receivers: int, repeats: int, folder: Path) -> dict[str, float]:
+    """Best ms per MB of each transport: send + every receiver's copy + release."""
+    import ray
+
+    from agentrl.runtime.workers import free_address
+
+    n = mb * 2**20 // 4 // 16
+    weights = {f"layer{i}.weight": torch.randn(n) for i in range(16)}
+    layout = [(k, "float32", tuple(v.shape)) for k, v in sorted(weights.items())]
+    actors = [ray.remote(Receiver).options(num_cpus=0).remote(layout) for _ in range(receivers)]
+    host, port = free_address()
+    group = make_transport("gloo")
+    joins = [a.join.remote(host, port, i + 1, receivers + 1) for i, a in enumerate(actors)]
+    group.join(host, port, 0, receivers + 1, timeout=120)
+    ray.get(joins)
+    out = {}
+    for name in ("object_store", "shm", "file", "broadcast"):
+        transport = group if name == "broadcast" else make_transport(name, folder / "weights")
+        best = float("inf")
+        for version in range(1, repeats + 1):
+            t0 = time.perf_counter()
+            payload = transport.send(weights, version)
+            refs = [a.load.remote(payload) for a in actors]
+            if name == "broadcast":
+                transport.broadcast(weights)
+            assert ray.get(refs) == [version] * receivers
+            transport.release(payload)
+            best = min(best, time.perf_counter() - t0)
+        out[f"{name}_ms_per_mb"] = round(1000 * best / mb, 3)
+    for a in actors:
+        ray.kill(a)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run both measurements; print and return the summary."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=6, help="training steps per run")
+    p.add_argument("--replicas", type=int, default=1, help="engine replicas of the Ray run")
+    p.add_argument("--managers", type=int, default=1, help="env managers of the Ray run")
+    p.add_argument("--engine-cpus", type=float, default=1.0, help="runtime.actor_infer.num_cpus")
+    p.add_argument("--learn", action="store_true", help="keep the config's evaluations (the full run)")
+    p.add_argument("--mb", type=int, default=64, help="weight-sync size")
+    p.add_argument("--receivers", type=int, default=2, help="engines receiving the weights")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip-runs", action="store_true", help="only the weight-sync measurement")
+    p.add_argument("--local-threads", type=int, default=1,
+                   help="torch threads of the local run: 1, as each Ray actor of 1 CPU uses (same kernels)")
+    args = p.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    folder = Path(tempfile.mkdtemp(prefix="agentrl-bench-"))
+    cfg = load_config("configs/frozen_lake.yaml")
+    load_builtins()
+    load_policy(cfg, make_env_factories(cfg), log=lambda m: print(f"  {m}", file=sys.stderr))
+    model = cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
+    summary: dict = {"cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 1), "steps": args.steps,
+                     "replicas": args.replicas, "managers": args.managers, "local_threads": args.local_threads}
+    if not args.skip_runs:
+        torch.set_num_threads(args.local_threads)
+        runs = {kind: run_one(kind, args, model, folder, []) for kind in ("local", "ray")}
+        for kind, r in runs.items():
+            print(f"{kind:5s} {json.dumps(r)}", flush=True)
+        summary.update({f"{k}_{key}": v for k, r in runs.items() for key, v in r.items()})
+        summary["ray_step_overhead_s"] = round(runs["ray"]["step_s"] - runs["local"]["step_s"], 4)
+        summary["ray_over_local_step"] = round(runs["ray"]["step_s"] / runs["local"]["step_s"], 3)
+        summary["ray_over_local_wall"] = round(runs["ray"]["wall_s"] / runs["local"]["wall_s"], 3)
+        if torch.cuda.is_available():  # written for a GPU machine; the trainer and engine share GPU 0
+            gpu = run_one("ray", args, model, folder / "gpu", ["runtime.actor_train.device_mapping=[0]",
+                                                                "runtime.actor_infer.device_mapping=[0]"])
+            summary.update({f"gpu_colocated_{k}": v for k, v in gpu.items()})
+    from agentrl.runtime.ray import init_cluster
+
+    import ray
+
+    init_cluster(temp_dir=tempfile.mkdtemp(prefix="agentrl-ray-"))
+    try:
+        summary.update(sync_times(args.mb, args.receivers, args.repeats, folder))
+    finally:
+        ray.shutdown()
+    summary["sync_mb"] = args.mb
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

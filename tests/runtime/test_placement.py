@@ -1,0 +1,95 @@
+"""The runtime section's checks without a cluster (config_runtime.py), and placement against a
+cluster's resources as Ray reports them (runtime/placement.py): pure functions, no Ray."""
+
+import pytest
+
+from agentrl.config import load_config
+from agentrl.errors import ConfigError
+from agentrl.runtime.placement import HEAD, check_resources, choose_transport, plan_placement
+
+RAY = ["runtime.kind=ray"]
+
+
+def _cfg(*overrides):
+    return load_config("configs/frozen_lake.yaml", list(overrides))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["runtime.env_managers=2"], "runtime.env_managers is set but runtime.kind=local"),
+    ([*RAY, "runtime.env_managers=5"], "at most 4 env managers get work"),
+    ([*RAY, "runtime.actor_infer.device_mapping=[0,0]"], "names a GPU twice"),
+    ([*RAY, "runtime.actor_infer.world_size=3", "runtime.actor_infer.device_mapping=[0,1]"], "give one GPU per worker"),
+    ([*RAY, "runtime.actor_train.world_size=32"], "actor.ppo_mini_batch_size=16 has fewer rows"),
+    ([*RAY, "rollout.max_staleness=1"], "runtime.kind=ray plays on-policy only"),
+    ([*RAY, "device=cuda"], "set runtime.actor_train.device_mapping"),
+    ([*RAY, "runtime.weight_sync=nccl", "runtime.actor_train.device_mapping=[0]",
+      "runtime.actor_infer.device_mapping=[0]"], "NCCL cannot broadcast between processes on one GPU"),
+    ([*RAY, "runtime.reference.world_size=2"], "the reference runs as one actor"),
+    ([*RAY, "runtime.placement_timeout=0"], "runtime.placement_timeout=0.0 must be > 0"),
+    ([*RAY, "runtime.kind=slurm"], "runtime.kind"),
+])
+def test_a_bad_runtime_section_fails_in_one_line(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        _cfg(*overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_device_mapping_gives_the_world_size():
+    cfg = _cfg(*RAY, "runtime.actor_infer.device_mapping=[2,3]")
+    assert cfg.runtime.actor_infer.world_size == 2
+
+
+def test_overlapping_mappings_colocate_roles_on_shared_gpus():
+    cfg = _cfg(*RAY, "runtime.actor_train.device_mapping=[0,1]", "runtime.actor_infer.device_mapping=[1,2]",
+               "runtime.env_managers=2", "runtime.env_manager_num_cpus=0.5")
+    plan = plan_placement(cfg, reference=False, critic=False)
+    gpu1 = [w for w in plan.workers if w.gpu == 1]
+    assert sorted(w.role for w in gpu1) == ["actor_infer", "actor_train"]
+    assert {w.bundle for w in gpu1} == {1} and all(w.gpu_share == 0.5 for w in gpu1)
+    assert plan.bundles[1] == {"GPU": 1.0, "CPU": 2.0}
+    assert plan.bundles[0][HEAD] > 0  # trainer rank 0 (GPU 0) writes the run folder on the head node
+    assert [b for b in plan.bundles if "GPU" not in b] == [{"CPU": 0.5}, {"CPU": 0.5}]
+
+
+def test_cpu_roles_that_reserve_nothing_get_no_bundle_but_rank_0_is_pinned():
+    cfg = _cfg(*RAY, "runtime.actor_train.num_cpus=0", "runtime.actor_infer.num_cpus=0")
+    plan = plan_placement(cfg, reference=True, critic=True)
+    assert plan.bundles == [{HEAD: 0.001}]
+    assert [w.role for w in plan.workers] == ["actor_train", "actor_infer", "reference", "critic", "env_manager"]
+
+
+ONE_NODE = [{"CPU": 2.0, HEAD: 1.0, "memory": 1e9}]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["runtime.actor_infer.device_mapping=[0,1]"],
+     "runtime.actor_infer.device_mapping=[0, 1] needs GPU 1, but the cluster has no GPU; leave device_mapping empty"),
+    (["runtime.actor_train.world_size=3"], "the run needs 4 CPUs (actor_train 3 x 1 CPU, actor_infer 1 x 1 CPU"),
+    (["runtime.actor_infer.num_cpus=3"], "the run needs 4 CPUs"),
+])
+def test_an_impossible_placement_names_what_is_missing(overrides, message):
+    cfg = _cfg(*RAY, *overrides)
+    plan = plan_placement(cfg, reference=False, critic=False)
+    with pytest.raises(ConfigError) as e:
+        check_resources(plan, cfg, {"CPU": 2.0}, ONE_NODE)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_bundle_no_single_node_can_hold_is_refused():
+    cfg = _cfg(*RAY, "runtime.actor_infer.num_cpus=3")
+    nodes = [{"CPU": 2.0, HEAD: 1.0}, {"CPU": 2.0}]
+    with pytest.raises(ConfigError, match=r"no node of the cluster can hold \{'CPU': 3.0\}"):
+        check_resources(plan_placement(cfg, False, False), cfg, {"CPU": 4.0}, nodes)
+    check_resources(plan_placement(_cfg(*RAY), False, False), _cfg(*RAY), {"CPU": 4.0}, nodes)  # fits
+
+
+def test_the_transport_follows_placement():
+    cfg = _cfg(*RAY)
+    here, there = {"node": "a"}, {"node": "b"}
+    assert choose_transport(cfg, here, [here, here]) == "shm"
+    assert choose_transport(cfg, here, [here, there]) == "object_store"
+    assert choose_transport(cfg, {"node": "a", "gpu": 0}, [{"node": "a", "gpu": 1}]) == "nccl"
+    assert choose_transport(cfg, {"node": "a", "gpu": 0}, [{"node": "a", "gpu": 0}]) == "shm"  # colocated
+    assert choose_transport(_cfg(*RAY, "runtime.weight_sync=file"), here, [there]) == "file"
+    with pytest.raises(ConfigError, match="weight_sync=shm needs every engine on trainer rank 0's node"):
+        choose_transport(_cfg(*RAY, "runtime.weight_sync=shm"), here, [there])

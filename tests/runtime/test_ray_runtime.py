@@ -1,0 +1,219 @@
+"""The Ray runtime end to end, on one cluster shared by the module: two nodes of 2 logical CPUs
+each (ray.cluster_utils.Cluster: two raylets on this machine), no GPU. The same metrics as the
+local runtime; data-parallel training equal to one worker; a dead trainer rank stopping the run
+and `agentrl resume` continuing it; an engine and an env manager killed mid-run and restarted,
+in a run whose engine sits on the second node; impossible placements refused in one line."""
+
+import os
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+import ray_envs  # noqa: E402,F401  (registers coin and sabotaged_lake, for this process and the actors)
+from agentrl import cli  # noqa: E402
+from agentrl.api import AgentTrainer  # noqa: E402
+from agentrl.config import load_config  # noqa: E402
+from agentrl.errors import ConfigError  # noqa: E402
+from agentrl.metrics import read_jsonl  # noqa: E402
+from agentrl.models.embedded import cache_root, tiny_cache_key  # noqa: E402
+from agentrl.runtime.envs import make_env_factories  # noqa: E402
+from agentrl.runtime.local import train  # noqa: E402
+from agentrl.runtime.ray import init_cluster  # noqa: E402
+from agentrl.runtime.warm import load_policy  # noqa: E402
+from agentrl.runtime.weight_sync import ObjectStoreTransport  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+TINY = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64",
+        "model.tiny.vocab_size=300", "model.warm_start.max_steps=4", "model.warm_start.batch_size=4",
+        "rollout.batch_size=4", "rollout.group_size=2", "actor.ppo_mini_batch_size=4", "actor.micro_batch_size=2",
+        "trainer.total_steps=3", "trainer.test_freq=2", "trainer.eval_episodes=2", "trainer.save_freq=1",
+        "trainer.progress=false", "trainer.logger=[jsonl]"]
+# Warm-started enough that replies end (a cut-off reply is empty, and pays the same as any other).
+COIN = [*TINY, "env.type=coin", "env.max_turns=1", "model.warm_start.max_steps=60", "rollout.batch_size=8",
+        "rollout.group_size=4"]
+LAKE = [*TINY, "env.max_turns=3", "env.args.max_steps=3"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_TMPDIR")}
+    temp = tempfile.mkdtemp(prefix="agentrl-ray-")  # short: Ray's socket paths must fit 107 bytes
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_TMPDIR=temp)  # the helper's files go there, not /tmp/ray
+    os.makedirs(os.path.join(temp, "ray"))
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False})
+    nodes.add_node(num_cpus=2, num_gpus=0)
+    init_cluster(address=nodes.address)
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def one_thread():
+    """Actors use one torch thread per CPU they reserve (1 here): a local run compared with them
+    uses one too (CPU reductions add up in another order with another thread count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("model_cache")
+
+
+def _model(cache, overrides):
+    """A warm-started tiny model folder (for model.path: both runtimes load the same weights)."""
+    cfg = load_config(None, [*overrides, f"model.cache_dir={cache}"])
+    load_policy(cfg, make_env_factories(cfg), log=lambda m: None)
+    return cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
+
+
+def _rows(run_dir):
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+def test_the_object_store_transport_round_trip(cluster):
+    transport = ObjectStoreTransport()
+    sent = {"w": torch.randn(3, 4), "b": torch.randn(4).to(torch.bfloat16), "tied": None}
+    sent["tied"] = sent["w"]
+    payload = transport.send(sent, version=2)
+    with transport.receive(payload) as got:
+        assert all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in sent.items())
+    transport.release(payload)
+    assert payload.version == 2 and not payload.refs
+
+
+def test_one_trainer_engine_and_env_manager_give_the_local_metrics(cluster, cache, tmp_path, one_thread):
+    """The embedded model (shipped to the actors through the object store), 3 steps of PPO with a
+    critic and a KL loss to the reference (both in actors of their own) on an env whose rewards
+    differ within a group: every non-perf metric equals the local run's."""
+    ppo = ["algorithm.adv_estimator=gae", "critic.enable=true", "critic.ppo_mini_batch_size=4",
+           "critic.micro_batch_size=2", "actor.use_kl_loss=true"]
+    runs = {}
+    for kind in ("local", "ray"):
+        cfg = load_config(None, [*COIN, *ppo, f"model.cache_dir={cache}", f"run_dir={tmp_path / kind}",
+                                 f"runtime.kind={kind}"])
+        runs[kind] = train(cfg, log=lambda m: None)
+    local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "ray")
+    assert [r["step"] for r in remote] == [0, 1, 2, 3, 3]
+    assert any(r.get("loss/policy") for r in local) and any(r.get("loss/kl") for r in local[2:])
+    assert any(r.get("loss/value") for r in local), "the critic learned"
+    assert remote == local
+    assert runs["ray"]["ray_start_seconds"] > 0 and runs["ray"]["eval_success_after"] == runs["local"]["eval_success_after"]
+
+
+def test_two_trainer_ranks_update_as_one_and_a_dead_rank_stops_the_run_until_resume(cluster, cache, tmp_path,
+                                                                                   one_thread, capsys):
+    """`agentrl train --config-path/--config-name` with actor_train.world_size=2: step 1's loss and
+    weights equal one worker's; rank 1 killed during step 2 stops the run with one line naming
+    it; `agentrl resume` finishes the run."""
+    model = _model(cache, COIN)
+    local = load_config(None, [*COIN, f"model.path={model}", f"run_dir={tmp_path / 'local'}",
+                               "trainer.max_checkpoints=3"])
+    train(local, log=lambda m: None)
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "coin.yaml").write_text("env:\n  type: coin\n  max_turns: 1\n")
+    marker, run = tmp_path / "marker", tmp_path / "ray"
+    marker.mkdir()
+    args = ["train", "--config-path", str(tmp_path / "cfg"), "--config-name", "coin", *COIN, f"model.path={model}",
+            f"run_dir={run}", "runtime.kind=ray", "runtime.actor_train.world_size=2", f"env.args.marker={marker}",
+            "env.args.kills={trainer_rank: 9}"]  # the 9th training episode's step: step 2
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("agentrl: error: trainer rank 1 died") and f"agentrl resume {run}" in err, err
+    assert "the newest checkpoint is step 1" in err
+    ours, theirs = _rows(run), _rows(tmp_path / "local")
+    loss = [r["loss/policy"] for r in ours if r["step"] == 1 and "loss/policy" in r]
+    want = [r["loss/policy"] for r in theirs if r["step"] == 1 and "loss/policy" in r]
+    assert loss and want[0] != 0 and loss[0] == pytest.approx(want[0], rel=1e-5)
+    diffs = _weight_diffs(run / "checkpoints" / "step_000001", tmp_path / "local" / "checkpoints" / "step_000001")
+    print(f"world_size=2 vs one worker after step 1: loss {loss[0]!r} vs {want[0]!r}; max |dw| {max(diffs.values()):.3g}"
+          f" (k_proj.bias, zero true gradient: {max(v for k, v in diffs.items() if 'k_proj.bias' in k):.3g}); "
+          f"other weights {max(v for k, v in diffs.items() if 'k_proj.bias' not in k):.3g}")
+    assert max(v for k, v in diffs.items() if "k_proj.bias" not in k) < 1e-5
+    assert cli.main(["resume", str(run)]) == 0
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3]
+
+
+def _weight_diffs(a, b):
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    return {k: float((wa[k] - wb[k]).abs().max()) for k in wa}
+
+
+def test_engines_and_env_managers_killed_mid_run_are_restarted_and_the_run_finishes(cluster, cache, tmp_path):
+    """Seed 003's AgentTrainer with an env class of its own, two env managers sharing one engine
+    that needs a whole node (so it sits on the second one, and weights go by the object store):
+    the engine is killed in step 1 and an env manager exits in step 2; Ray restarts both, the
+    lost episodes count as failures and are replayed, and the run trains every step."""
+    model = _model(cache, LAKE)
+    marker, logs = tmp_path / "marker", []
+    marker.mkdir()
+    cfg = load_config("configs/frozen_lake.yaml", [
+        *LAKE, f"model.path={model}", f"run_dir={tmp_path / 'run'}", "runtime.kind=ray", "runtime.env_managers=2",
+        "runtime.actor_infer.num_cpus=2", "rollout.batch_size=8", "actor.ppo_mini_batch_size=8",
+        f"env.args.marker={marker}", "env.args.kills={engine: 3, env_manager: 30}"])
+    trainer = AgentTrainer(config=cfg, env_cls=ray_envs.SabotagedLake, log=logs.append)
+    trainer.init_workers()
+    summary = trainer.fit()
+    assert summary["steps"] == 3
+    assert any("weights by object_store" in m for m in logs), logs
+    assert (marker / "killed_engine").exists() and (marker / "killed_env_manager").exists()
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    total = lambda key: sum(r.get(key, 0) for r in rows)  # noqa: E731
+    assert total("perf/ray_restarts_engine") == 1 and total("perf/ray_restarts_env_manager") == 1
+    assert total("rollout/failures_worker") == 4  # the dead manager's share of its step: 2 groups of 2
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2, 3]
+    errors = read_jsonl(tmp_path / "run" / "errors.jsonl")
+    assert {e["kind"] for e in errors} <= {"worker", "engine"}
+    assert sum("env manager" in e["error"] and "died" in e["error"] for e in errors) == 4
+    print(f"engine kill failed {total('rollout/failures_engine'):g} in-flight episodes; "
+          f"env manager exit failed {total('rollout/failures_worker'):g}")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["runtime.actor_infer.device_mapping=[0,1]"],
+     "runtime.actor_infer.device_mapping=[0, 1] needs GPU 1, but the cluster has no GPU"),
+    (["runtime.actor_train.world_size=8"], "the run needs 9 CPUs (actor_train 8 x 1 CPU, actor_infer 1 x 1 CPU"),
+])
+def test_an_impossible_placement_fails_in_one_line_before_any_actor(cluster, tmp_path, capsys, overrides, message):
+    code = cli.main(["train", "configs/frozen_lake.yaml", "runtime.kind=ray", f"run_dir={tmp_path}", *overrides])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not ray.util.list_named_actors() and not (tmp_path / "checkpoints").exists()
+
+
+def test_a_placement_held_by_other_work_times_out_with_a_message(cluster, cache, tmp_path):
+    """Another job holds a whole node: trainer rank 0 (pinned to the head) and a 2-CPU engine
+    no longer fit, though the cluster could hold them; the wait ends at placement_timeout."""
+    @ray.remote(num_cpus=2)
+    class Hog:
+        def ready(self):
+            return True
+
+    hog = Hog.remote()
+    ray.get(hog.ready.remote())
+    try:
+        cfg = load_config(None, [*COIN, f"model.cache_dir={cache}", "runtime.kind=ray", "runtime.actor_infer.num_cpus=2",
+                                 "runtime.placement_timeout=2", f"run_dir={tmp_path}"])
+        with pytest.raises(ConfigError, match=r"did not place the run .* within runtime.placement_timeout=2s; "
+                                              r"free now: \{'CPU': 2.0\}"):
+            train(cfg, log=lambda m: None)
+    finally:
+        ray.kill(hog)
