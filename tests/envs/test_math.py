@@ -14,9 +14,11 @@ from agentrl.errors import ConfigError, EnvError
 
 @pytest.fixture(scope="module", autouse=True)
 def _stop_grader():
+    before = {p.pid for p in psutil.Process().children(recursive=True)}  # other tests' (wandb's service)
     yield
     shutdown_grader()
-    assert not psutil.Process().children(recursive=True), "grader processes outlived shutdown"
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not left, f"grader processes outlived shutdown: {left}"
 
 
 def _dataset(tmp_path, rows, name="rows.jsonl"):
