@@ -27,11 +27,13 @@ class EnvManagerActor:
         self.index = index
         factories = make_env_factories(cfg)
         specs = make_tag_specs(cfg, spec.tokenizer, factories, make_budget(cfg, spec.context))
-        self.client: Any = RayEngineClient(engines, engine_names, client=f"env_manager-{index}",
-                                           restart_timeout=cfg.runtime.restart_timeout)
+        self.client: Any
         if cfg.runtime.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
             self.client = HttpEngineClient(engines, engine_names, api_key or "", cfg.runtime.restart_timeout,
                                            cfg.engine.request_timeout, seed=cfg.seed + index)
+        else:
+            self.client = RayEngineClient(engines, engine_names, client=f"env_manager-{index}",
+                                          restart_timeout=cfg.runtime.restart_timeout)
         self.collector = RolloutCollector(specs, self.client, timeout=cfg.rollout.episode_timeout,
                                           max_retries=cfg.rollout.max_retries)
 

@@ -134,7 +134,8 @@ def test_one_trainer_engine_and_env_manager_give_the_local_metrics(cluster, cach
             assert {k: v for k, v in mine.items() if k not in ENGINE_LOGPROB_KEYS} == \
                 {k: v for k, v in theirs.items() if k not in ENGINE_LOGPROB_KEYS}
             assert all(mine[k] == pytest.approx(theirs[k], abs=1e-6) for k in ENGINE_LOGPROB_KEYS if k in mine)
-    assert runs["ray"]["ray_start_seconds"] > 0 and runs["ray"]["eval_success_after"] == runs["local"]["eval_success_after"]
+    # Start-up is reported (its value is a timing: on a warm cluster it rounds to 0.0).
+    assert runs["ray"]["ray_start_seconds"] >= 0 and runs["ray"]["eval_success_after"] == runs["local"]["eval_success_after"]
 
 
 def test_two_trainer_ranks_update_as_one_and_a_dead_rank_stops_the_run_until_resume(cluster, cache, tmp_path,
@@ -177,17 +178,21 @@ def _weight_diffs(a, b):
     return {k: float((wa[k] - wb[k]).abs().max()) for k in wa}
 
 
-def test_engines_and_env_managers_killed_mid_run_are_restarted_and_the_run_finishes(cluster, cache, tmp_path):
+# Over HTTP: 139 s on the loaded 2-core machine; the same faults, so `slow` (run with -m slow).
+@pytest.mark.parametrize("transport", ["ray", pytest.param("http", marks=pytest.mark.slow)])
+def test_engines_and_env_managers_killed_mid_run_are_restarted_and_the_run_finishes(cluster, cache, tmp_path, transport):
     """Seed 003's AgentTrainer with an env class of its own, two env managers sharing one engine
     that needs a whole node (so it sits on the second one, and weights go by the object store):
     the engine is killed in step 1 and an env manager exits in step 2; Ray restarts both, the
-    lost episodes count as failures and are replayed, and the run trains every step."""
+    lost episodes count as failures and are replayed, and the run trains every step. Over HTTP
+    the restarted engine serves on a new port, which the env managers learn from it."""
     model = _model(cache, LAKE)
     marker, logs = tmp_path / "marker", []
     marker.mkdir()
     cfg = load_config("configs/frozen_lake.yaml", [
         *LAKE, f"model.path={model}", f"run_dir={tmp_path / 'run'}", "runtime.kind=ray", "runtime.env_managers=2",
         "runtime.actor_infer.num_cpus=2", "rollout.batch_size=8", "actor.ppo_mini_batch_size=8",
+        f"runtime.engine_transport={transport}",
         f"env.args.marker={marker}", "env.args.kills={engine: 3, env_manager: 30}"])
     trainer = AgentTrainer(config=cfg, env_cls=ray_envs.SabotagedLake, log=logs.append)
     trainer.init_workers()
