@@ -67,6 +67,12 @@ class RuntimeConfig:
     """How trainer rank 0 sends new weights to the engines: auto picks nccl when both sit on
     distinct GPUs, shm when every engine shares rank 0's node, object_store otherwise; file (a
     safetensors file in the run folder) works anywhere the run folder is shared."""
+    engine_transport: Literal["ray", "http"] = "ray"
+    """How env managers reach the engine replicas: ray (actor calls that step each replica in lock
+    step with its clients, so a run's batches, and metrics, equal the local runtime's) or http
+    (each replica serves the agentrl HTTP API on its node's IP, port 0, a random key per run; env
+    managers hold a RemoteEngine on those URLs, the contract of engine.kind=remote). Weights reach
+    the replicas by runtime.weight_sync either way."""
     placement_timeout: float = 60.0
     """Seconds to wait for the cluster to place every actor before failing with what is missing."""
     max_restarts: int = 3
@@ -170,16 +176,16 @@ def _check_local(cfg: Config) -> None:
     """runtime.kind=local ignores nothing silently: placement fields need kind=ray."""
     rt, default = cfg.runtime, RuntimeConfig()
     for key in ("address", "num_cpus", "num_gpus", "actor_train", "actor_infer", "reference", "critic",
-                "env_managers", "env_manager_num_cpus", "weight_sync"):
+                "env_managers", "env_manager_num_cpus", "weight_sync", "engine_transport"):
         if getattr(rt, key) != getattr(default, key):
             raise ConfigError(f"runtime.{key} is set but runtime.kind=local runs every part in this process; "
                               "add runtime.kind=ray to place the run on Ray")
 
 
 def placement_summary(rt: RuntimeConfig) -> str:
-    """One line naming every role's workers and where they run, for logs and errors."""
+    """One line naming every role's workers, where they run and how requests reach the engines."""
     def where(role: RoleConfig) -> str:
         return f"GPUs {role.device_mapping}" if role.device_mapping else f"{role.num_cpus:g} CPU each"
     return (f"actor_train {rt.actor_train.world_size} ({where(rt.actor_train)}), actor_infer "
             f"{rt.actor_infer.world_size} ({where(rt.actor_infer)}), env_managers {rt.env_managers} "
-            f"({rt.env_manager_num_cpus:g} CPU each)")
+            f"({rt.env_manager_num_cpus:g} CPU each) reaching the engines by {rt.engine_transport}")

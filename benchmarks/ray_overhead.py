@@ -6,7 +6,9 @@ costs per MB.
     each actor uses, `--local-threads`) and by runtime.kind=ray with
     `--replicas` engines and `--managers` env managers; mean perf/step_seconds over the steps
     after the first, the stages it splits into (collect, update, sync), eval success after, and
-    Ray's start-up (cluster, placement group, actors). On a machine with fewer cores than actors
+    Ray's start-up (cluster, placement group, actors); the Ray run twice, its env managers
+    reaching the engines by Ray actor calls and over HTTP (runtime.engine_transport=ray|http),
+    `http_over_ray_step` the ratio of their step times. On a machine with fewer cores than actors
     the Ray run time-shares them: read the ratio, not the seconds.
 (2) Weight sync: synthetic float32 weights of `--mb` MB sent from this process to `--receivers`
     actors that copy them into a model-sized buffer (what an engine's load_state_dict does),
@@ -44,9 +46,12 @@ from agentrl.runtime.warm import load_policy
 from agentrl.runtime.weight_sync import make_transport
 
 
-def run_one(kind: str, args: argparse.Namespace, model: Path, folder: Path, extra: list[str]) -> dict:
-    """One training run; its wall time, step times and summary."""
-    over = [f"model.path={model}", f"run_dir={folder / kind}", f"trainer.total_steps={args.steps}",
+def run_one(name: str, args: argparse.Namespace, model: Path, folder: Path, extra: list[str]) -> dict:
+    """One training run (local, ray or ray_http); its wall time, step times and summary."""
+    kind = "local" if name == "local" else "ray"
+    if name == "ray_http":
+        extra = [*extra, "runtime.engine_transport=http"]
+    over = [f"model.path={model}", f"run_dir={folder / name}", f"trainer.total_steps={args.steps}",
             "trainer.progress=false", "trainer.logger=[jsonl]", f"runtime.kind={kind}", *extra]
     if not args.learn:
         over += ["trainer.test_freq=0", "trainer.eval_episodes=8"]
@@ -57,7 +62,7 @@ def run_one(kind: str, args: argparse.Namespace, model: Path, folder: Path, extr
     t0 = time.perf_counter()
     summary = train(cfg, overwrite=True, log=lambda m: print(f"  {m}", file=sys.stderr))
     wall = time.perf_counter() - t0
-    rows = [r for r in read_jsonl(folder / kind / "metrics.jsonl") if "perf/step_seconds" in r][1:]
+    rows = [r for r in read_jsonl(folder / name / "metrics.jsonl") if "perf/step_seconds" in r][1:]
     mean = lambda key: statistics.mean(r.get(key, 0.0) for r in rows)  # noqa: E731
     out = {"wall_s": round(wall, 2), "step_s": round(mean("perf/step_seconds"), 4),
            "collect_s": round(mean("perf/time_collect"), 4), "update_s": round(mean("perf/time_update"), 4),
@@ -148,13 +153,15 @@ def main(argv: list[str] | None = None) -> dict:
                      "replicas": args.replicas, "managers": args.managers, "local_threads": args.local_threads}
     if not args.skip_runs:
         torch.set_num_threads(args.local_threads)
-        runs = {kind: run_one(kind, args, model, folder, []) for kind in ("local", "ray")}
-        for kind, r in runs.items():
-            print(f"{kind:5s} {json.dumps(r)}", flush=True)
+        runs = {name: run_one(name, args, model, folder, []) for name in ("local", "ray", "ray_http")}
+        for name, r in runs.items():
+            print(f"{name:8s} {json.dumps(r)}", flush=True)
         summary.update({f"{k}_{key}": v for k, r in runs.items() for key, v in r.items()})
         summary["ray_step_overhead_s"] = round(runs["ray"]["step_s"] - runs["local"]["step_s"], 4)
         summary["ray_over_local_step"] = round(runs["ray"]["step_s"] / runs["local"]["step_s"], 3)
         summary["ray_over_local_wall"] = round(runs["ray"]["wall_s"] / runs["local"]["wall_s"], 3)
+        summary["http_over_ray_step"] = round(runs["ray_http"]["step_s"] / runs["ray"]["step_s"], 3)
+        summary["http_over_local_step"] = round(runs["ray_http"]["step_s"] / runs["local"]["step_s"], 3)
         if torch.cuda.is_available():  # written for a GPU machine; the trainer and engine share GPU 0
             gpu = run_one("ray", args, model, folder / "gpu", ["runtime.actor_train.device_mapping=[0]",
                                                                 "runtime.actor_infer.device_mapping=[0]"])

@@ -154,6 +154,12 @@ class RemoteEngine:
                 self._routes.popitem(last=False)
             return pick
 
+    def set_url(self, server: int, url: str) -> None:
+        """Point server `server` at `url` (a restarted server on a new address), counted live again."""
+        with self._lock:
+            self.urls[server] = url.rstrip("/")
+            self._down_until[server] = 0.0
+
     def _mark_down(self, server: int) -> None:
         with self._lock:
             self._down_until[server] = time.monotonic() + DOWN_SECONDS

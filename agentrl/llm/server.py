@@ -251,24 +251,32 @@ async def session_server() -> SessionHost:
 
 async def _start_session_host() -> SessionHost:
     cfg = ServeConfig(host="127.0.0.1", port=0, api_key=secrets.token_urlsafe(24), max_tokens=2**24, max_n=64)
-    sock = bind(cfg.host, 0)
     app = build_app(None, None, cfg, model_name="agentrl-session")
+    server, task, url = await serve_in_loop(app, cfg.host, 0, name="agentrl-session-server")
+    return SessionHost(url, cfg.api_key, app.state.agentrl.sessions, server, task, ssl.create_default_context())
+
+
+async def serve_in_loop(app: FastAPI, host: str, port: int = 0, *,
+                        name: str = "agentrl-server") -> tuple[Any, asyncio.Task, str]:
+    """Run `app` in the running event loop's own task (no thread: requests reach an engine living
+    in this loop without crossing threads); (server, task, url) once it accepts connections."""
+    sock = bind(host, port)
     server = uvicorn_server(app)
-    server.capture_signals = contextlib.nullcontext  # Ctrl-C stays the run's, even from the main thread
+    server.capture_signals = contextlib.nullcontext  # Ctrl-C stays the process's, even from the main thread
 
     async def serve() -> None:
         try:
             await server.serve(sockets=[sock])
         finally:
             sock.close()
-    task = asyncio.get_running_loop().create_task(serve(), name="agentrl-session-server")
+    task = asyncio.get_running_loop().create_task(serve(), name=name)
     while not server.started:
         if task.done():
             task.result()  # raises why it stopped
-            raise EngineError("the session server stopped while starting")
+            raise EngineError(f"the server on {host} stopped while starting")
         await asyncio.sleep(0.001)
-    return SessionHost(f"http://127.0.0.1:{sock.getsockname()[1]}", cfg.api_key, app.state.agentrl.sessions, server,
-                       task, ssl.create_default_context())
+    shown = f"[{host}]" if ":" in host else host
+    return server, task, f"http://{shown}:{sock.getsockname()[1]}"
 
 
 def served_model_name(cfg_name: str | None, model_path: str | None) -> str:

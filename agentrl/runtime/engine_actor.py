@@ -10,9 +10,11 @@ A replica that Ray restarted after a crash serves nothing until trainer rank 0 h
 current weights (`needs_weights` / `load_weights` / `accept_initial`): it never samples from a
 stale policy.
 
-To serve over HTTP instead (engines as servers, llm/server.py), this actor would call
-`start_server(self.engine, self.tokenizer, cfg, host, 0)` in a method and return the handle's
-`.url`; the env managers would then hold `RemoteEngine(urls, ...)` instead of RayEngineClient.
+With runtime.engine_transport=http the actor serves the agentrl HTTP API instead (`http_url`:
+llm/server.py in the actor's own event loop, on the node's IP, a free port, the run's key), and
+env managers hold a `RemoteEngine` on those URLs (runtime/engine_http.py). The engine then steps
+itself as in `agentrl serve`; weights still arrive through `load_weights`, and a restarted
+replica's server holds requests until they have.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class EngineActor:
     """One engine replica. Every method is async, so all of them run on the actor's event loop,
     one at a time between two engine steps (Ray runs an async actor's sync methods in threads)."""
 
-    def __init__(self, shared: SharedSpec | RunSpec, index: int, seed: int) -> None:
+    def __init__(self, shared: SharedSpec | RunSpec, index: int, seed: int, api_key: str | None = None) -> None:
         spec = shared.get() if isinstance(shared, SharedSpec) else shared
         cfg = spec.cfg
         setup_worker(cfg.runtime.actor_infer.num_cpus)
@@ -58,6 +60,8 @@ class EngineActor:
         self.clients: dict[str, tuple[str, dict[int, asyncio.Future]]] = {}  # name -> (incarnation, requests)
         self._finished: dict[str, list[int]] = {}  # per client: ids in the order the engine finished them
         self.transport: Any = None  # set for the broadcast transport (join_weight_group)
+        self.api_key = api_key  # runtime.engine_transport=http: the run's key (kept across restarts)
+        self.server: Any = None  # (uvicorn server, its task, url) once http_url started it
 
     # ------------------------------------------------------------------ serving
     async def serve(self, client: str, incarnation: str, new: list[tuple[int, list[int], SamplingParams]],
@@ -114,6 +118,21 @@ class EngineActor:
                 self._ready.set()
         return self._ready
 
+    async def http_url(self) -> str:
+        """The URL of this replica's agentrl server (runtime.engine_transport=http), started on the
+        first call; a replica Ray restarted starts a new one, on a new port."""
+        if self.server is None:
+            from agentrl.config_serve import ServeConfig
+            from agentrl.llm.server import build_app, serve_in_loop
+
+            if self.api_key is None:
+                raise EngineError(f"engine-{self.index} was started without runtime.engine_transport=http")
+            cfg = ServeConfig(host=node_ip(), port=0, api_key=self.api_key, max_tokens=2**24, max_n=64,
+                              allow_weights_from_path=False)  # weights come from trainer rank 0 only
+            app = build_app(GatedEngine(self.engine, self._ready_event()), self.tokenizer, cfg)
+            self.server = await serve_in_loop(app, cfg.host, 0, name=f"engine-{self.index}-server")
+        return self.server[2]
+
     # ------------------------------------------------------------------ weights
     async def needs_weights(self) -> bool:
         """True for a restarted replica that has not been given the current weights yet."""
@@ -162,5 +181,30 @@ class EngineActor:
         return {"node": node_id(), "version": self.engine.policy_version, "device": str(self.engine.device)}
 
     async def close(self) -> None:
-        """End every request."""
+        """End every request (and stop the HTTP server)."""
         self.engine.close()
+        if self.server is not None:
+            self.server[0].should_exit = True
+
+
+class GatedEngine:
+    """The engine as the replica's HTTP server sees it: generation waits until the replica serves
+    the current weights (a restarted one, until trainer rank 0 has sent them)."""
+
+    def __init__(self, engine: LocalEngine, ready: asyncio.Event) -> None:
+        self.engine, self.ready = engine, ready
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Any:
+        """The engine's completion of `prompt_ids`, once the replica is ready."""
+        await self.ready.wait()
+        return await self.engine.generate(prompt_ids, sampling)
+
+
+def node_ip() -> str:
+    """This node's IP as Ray knows it (loopback outside Ray)."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"

@@ -1,7 +1,7 @@
 """An env manager as a Ray actor (ROLL's name): it builds every tag's envs and agents from the
 config and plays the episodes of the groups it is given, all at once, with the same collector
 as the local runtime (rollout/collector.py: retries, timeouts, failed groups dropped), against
-the engine replicas bound to it."""
+the engine replicas bound to it (by Ray actor calls, or over HTTP: runtime.engine_transport)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from agentrl.rollout.collector import CollectResult, RolloutCollector
 from agentrl.runtime.engine_client import RayEngineClient
+from agentrl.runtime.engine_http import HttpEngineClient
 from agentrl.runtime.envs import import_user_modules, make_budget, make_env_factories, make_tag_specs
 from agentrl.runtime.workers import SharedSpec, node_id, setup_worker
 from agentrl.trajectory import Task
@@ -17,7 +18,8 @@ from agentrl.trajectory import Task
 class EnvManagerActor:
     """Plays episodes for the trainer; many at once, as asyncio tasks in the actor's event loop."""
 
-    def __init__(self, shared: SharedSpec, engines: list[Any], engine_names: list[str], index: int) -> None:
+    def __init__(self, shared: SharedSpec, engines: list[Any], engine_names: list[str], index: int,
+                 api_key: str | None = None) -> None:
         spec = shared.get()
         cfg = spec.cfg
         setup_worker(cfg.runtime.env_manager_num_cpus, spec.registrations)
@@ -25,8 +27,13 @@ class EnvManagerActor:
         self.index = index
         factories = make_env_factories(cfg)
         specs = make_tag_specs(cfg, spec.tokenizer, factories, make_budget(cfg, spec.context))
-        self.client = RayEngineClient(engines, engine_names, client=f"env_manager-{index}",
-                                      restart_timeout=cfg.runtime.restart_timeout)
+        self.client: Any
+        if cfg.runtime.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
+            self.client = HttpEngineClient(engines, engine_names, api_key or "", cfg.runtime.restart_timeout,
+                                           cfg.engine.request_timeout, seed=cfg.seed + index)
+        else:
+            self.client = RayEngineClient(engines, engine_names, client=f"env_manager-{index}",
+                                          restart_timeout=cfg.runtime.restart_timeout)
         self.collector = RolloutCollector(specs, self.client, timeout=cfg.rollout.episode_timeout,
                                           max_retries=cfg.rollout.max_retries)
 
@@ -36,5 +43,6 @@ class EnvManagerActor:
         return await self.collector.acollect(tasks, first_attempt)
 
     async def info(self) -> dict[str, Any]:
-        """Where it runs."""
-        return {"node": node_id(), "index": self.index}
+        """Where it runs (and, over HTTP, the engine servers it reaches: started now, not mid-step)."""
+        urls = await self.client.connect() if isinstance(self.client, HttpEngineClient) else None
+        return {"node": node_id(), "index": self.index, "engine_urls": urls}

@@ -232,19 +232,19 @@ def launch(cfg: Config, plan: Plan, pg: Any, model: Any, tokenizer: Any, run_dir
     from agentrl.runtime.train_actors import ModelRoleActor, TrainerActor, TrainWorkerActor
 
     rt, acfg = cfg.runtime, actor_config(cfg, run_dir)
-    restarts = rt.max_restarts
+    restarts, key = rt.max_restarts, uuid.uuid4().hex if rt.engine_transport == "http" else None  # os.urandom
     shared = share(RunSpec(acfg, tokenizer, model_source(acfg.model.path, cfg.model.dtype, model),
                            model_context(model), user_registrations()))
     infer = plan.of("actor_infer")
     names = [f"engine-{w.index}" for w in infer]
-    engines = [actors.create(EngineActor, names[i], w, pg, (shared, w.index,
-                                                           cfg.seed if w.index == 0 else mix(cfg.seed, w.index)),
-                             max_restarts=restarts, max_task_retries=0) for i, w in enumerate(infer)]
+    seeds = [cfg.seed if w.index == 0 else mix(cfg.seed, w.index) for w in infer]
+    engines = [actors.create(EngineActor, names[i], w, pg, (shared, w.index, seeds[i], key), max_restarts=restarts,
+                             max_task_retries=0) for i, w in enumerate(infer)]
     managers = []
     for w in plan.of("env_manager"):
         bound = bound_engines(w.index, rt.env_managers, len(engines))
         managers.append(actors.create(EnvManagerActor, f"env_manager-{w.index}", w, pg,
-                                      (shared, [engines[e] for e in bound], [names[e] for e in bound], w.index),
+                                      (shared, [engines[e] for e in bound], [names[e] for e in bound], w.index, key),
                                       max_restarts=restarts, max_task_retries=0))
     train = plan.of("actor_train")
     rank0 = actors.create(TrainerActor, "actor_train-0", train[0], pg, (shared,), max_restarts=0)

@@ -27,6 +27,8 @@ def _cfg(*overrides):
     ([*RAY, "runtime.reference.world_size=2"], "the reference runs as one actor"),
     ([*RAY, "runtime.placement_timeout=0"], "runtime.placement_timeout=0.0 must be > 0"),
     ([*RAY, "runtime.kind=slurm"], "runtime.kind"),
+    ([*RAY, "runtime.engine_transport=grpc"], "runtime.engine_transport"),
+    (["runtime.engine_transport=http"], "runtime.engine_transport is set but runtime.kind=local"),
 ])
 def test_a_bad_runtime_section_fails_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
