@@ -342,70 +342,7 @@ def reinforce_plus_plus_baseline(
     return adv, adv
 
 
-# ---------------------------------------------------------------------------- GAE
-@register_estimator("gae")
-def gae(
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: torch.Tensor,
-    values: torch.Tensor | None,
-    config: AlgorithmConfig,
-    state_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE (Schulman et al. 2016) with a critic; advantages whitened over generated ids, (B, T).
-
-    Token/outcome credit is verl's compute_gae_advantage_return (the mask-transparent version:
-    values and TD errors of masked ids are skipped). Turn credit runs the recursion over turns:
-    delta_k = r_k + gamma V_{k+1} - V_k, A_k = delta_k + gamma lam A_{k+1}, V_k the value before
-    turn k's first id; every id of turn k gets A_k and the return target A_k + V_k.
-    """
-    if values is None:
-        raise ValueError("adv_estimator 'gae' needs critic values: set critic.enable=true")
-    if config.credit == "turn":
-        adv, returns = _turn_gae(token_rewards, response_mask, values, config.gamma, config.lam)
-    else:
-        adv, returns = _token_gae(token_rewards, response_mask, values, config.gamma, config.lam)
-    adv = masked_whiten(adv, response_mask) * response_mask
-    return adv, returns * response_mask
-
-
-def _token_gae(rewards, mask, values, gamma, lam):
-    batch, width = rewards.shape
-    next_value = torch.zeros(batch, dtype=values.dtype)
-    last = torch.zeros(batch, dtype=values.dtype)
-    adv = torch.zeros_like(rewards)
-    for t in range(width - 1, -1, -1):
-        m = mask[:, t]
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        new_last = delta + gamma * lam * last
-        next_value = values[:, t] * m + (1 - m) * next_value
-        last = new_last * m + (1 - m) * last
-        adv[:, t] = last
-    return adv, adv + values
-
-
-def _turn_gae(rewards, mask, values, gamma, lam):
-    ids = turn_ids(mask)
-    n_turns = int(ids.max()) if ids.numel() else 0
-    batch = rewards.shape[0]
-    per_turn = torch.zeros(batch, n_turns + 1, dtype=rewards.dtype).scatter_add_(1, ids, rewards)
-    starts = (mask > 0) & ~torch.nn.functional.pad(mask[:, :-1] > 0, (1, 0), value=False)
-    v_turn = torch.zeros(batch, n_turns + 2, dtype=values.dtype)
-    present = torch.zeros(batch, n_turns + 2, dtype=values.dtype)
-    rows, cols = starts.nonzero(as_tuple=True)
-    v_turn[rows, ids[rows, cols]] = values[rows, cols]
-    present[rows, ids[rows, cols]] = 1.0
-    adv_turn = torch.zeros(batch, n_turns + 1, dtype=values.dtype)
-    last = torch.zeros(batch, dtype=values.dtype)
-    for k in range(n_turns, 0, -1):
-        delta = per_turn[:, k] + gamma * v_turn[:, k + 1] * present[:, k + 1] - v_turn[:, k]
-        last = (delta + gamma * lam * last) * present[:, k]
-        adv_turn[:, k] = last
-    adv = adv_turn.gather(1, ids) * mask
-    returns = (adv_turn + v_turn[:, : n_turns + 1]).gather(1, ids) * mask
-    return adv, returns
-
-
-# The episode-level estimators under verl's names live in their own module; importing it here
-# registers them wherever the registry is used.
+# GAE and the episode-level estimators under verl's names live in modules of their own;
+# importing them here registers them wherever the registry is used.
+import agentrl.algos.gae  # noqa: E402,F401
 import agentrl.algos.outcome_estimators  # noqa: E402,F401
