@@ -1,5 +1,7 @@
 """Helpers shared by tests (importable as `helpers`: pytest puts tests/ on sys.path)."""
 
+import contextlib
+
 
 def segments(mask):
     """(start, end) of each run of 1s in a loss mask: the spans the policy generated."""
@@ -52,3 +54,16 @@ def env_param(name):
     module = SUITE_MODULES.get(name)
     missing = module is not None and importlib.util.find_spec(module) is None
     return pytest.param(name, marks=pytest.mark.skipif(missing, reason=f"{module} is not installed"))
+
+
+@contextlib.contextmanager
+def no_new_child_processes(stop, what: str):
+    """Run the block, then `stop()`: no child process the block started may outlive it (processes
+    that were already there, such as the W&B service of an earlier test, are not the block's)."""
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    stop()
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not left, f"{what} outlived shutdown: {left}"

@@ -6,6 +6,7 @@ import random
 
 import psutil
 import pytest
+from helpers import no_new_child_processes
 
 from agentrl.envs.math import MathEnv, arithmetic_problem, evaluate, load_problems
 from agentrl.envs.math_grader import Grader, shared_grader, shutdown_grader
@@ -14,11 +15,8 @@ from agentrl.errors import ConfigError, EnvError
 
 @pytest.fixture(scope="module", autouse=True)
 def _stop_grader():
-    before = {p.pid for p in psutil.Process().children(recursive=True)}  # other tests' (wandb's service)
-    yield
-    shutdown_grader()
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    assert not left, f"grader processes outlived shutdown: {left}"
+    with no_new_child_processes(shutdown_grader, "grader processes"):
+        yield
 
 
 def _dataset(tmp_path, rows, name="rows.jsonl"):

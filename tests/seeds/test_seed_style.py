@@ -13,8 +13,8 @@ import sys
 import threading
 from pathlib import Path
 
-import psutil
 import pytest
+from helpers import no_new_child_processes
 
 from agentrl.agents.compat import SeedAgentAdapter, is_seed_agent
 from agentrl.config import Config
@@ -46,9 +46,8 @@ def _agentrl(*args):
 @pytest.fixture(scope="module", autouse=True)
 def _stop_grader():
     # The seeds' math_verify_call grades in a worker process: no test after these may inherit it.
-    yield
-    shutdown_grader()
-    assert not psutil.Process().children(recursive=True), "grader processes outlived shutdown"
+    with no_new_child_processes(shutdown_grader, "grader processes"):
+        yield
 
 
 @pytest.fixture(scope="module")
