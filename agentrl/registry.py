@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Generic, TypeVar
 
 from agentrl.errors import RegistryError, did_you_mean
@@ -99,3 +104,21 @@ def load_builtins() -> None:
 
     for module in BUILTIN_MODULES:
         importlib.import_module(module)
+
+
+def import_file(path: Path) -> ModuleType:
+    """The module of a .py file, imported once per process under a name derived from its path
+    (so a file named both in `imports` and in an agent's entry is one module)."""
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {path}")
+    key = f"agentrl_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, path)
+        sys.modules[key] = module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[key]  # a half-imported module must not be found next time
+            raise
+    return sys.modules[key]

@@ -23,12 +23,9 @@ the episode is recorded as truncated for that reason.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +35,7 @@ from agentrl.envs.base import Env
 from agentrl.errors import EngineError
 from agentrl.llm.conversation import TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
-from agentrl.registry import register_agent
+from agentrl.registry import import_file, register_agent
 from agentrl.trajectory import Task, Trajectory
 
 ENTRY_HELP = ("agent.args.entry must be 'module:function' naming `async def run(client, env, task)` "
@@ -74,20 +71,7 @@ def _import(module_name: str) -> Any:
     path = Path(module_name if module_name.endswith(".py") else module_name + ".py").expanduser()
     if "/" not in module_name and not module_name.endswith(".py") and not path.is_file():
         return importlib.import_module(module_name)
-    path = path.resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file {path}")
-    # The name runtime/envs.py gives a file in `imports`: listed there too, it is imported once.
-    key = f"agentrl_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, path)
-        sys.modules[key] = module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[key]
-            raise
-    return sys.modules[key]
+    return import_file(path)
 
 
 class RunSampling:

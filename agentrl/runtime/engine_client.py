@@ -113,21 +113,8 @@ class ReplicaLink:
 
     async def _wait_up(self) -> None:
         """Until the replica answers again; an EngineError when it will not."""
-        import ray
-
-        deadline = time.monotonic() + self.restart_timeout
-        while True:
-            try:
-                await self.handle.info.remote()
-                self.down = False
-                return
-            except ray.exceptions.ActorDiedError as e:
-                raise EngineError(f"{self.name} died and will not restart: {first_line(e)}") from None
-            except ray.exceptions.RayActorError as e:
-                if time.monotonic() > deadline:
-                    raise EngineError(f"{self.name} did not come back within runtime.restart_timeout="
-                                      f"{self.restart_timeout}s: {first_line(e)}") from None
-                await asyncio.sleep(RESTART_POLL)
+        await call_when_up(self.handle.info.remote, self.name, self.restart_timeout)
+        self.down = False
 
     def _fail(self, rids: list[int], error: Exception) -> None:
         for rid in rids:
@@ -159,3 +146,21 @@ class RayEngineClient:
             if task is not None:
                 self._route[task] = link
         return await link.generate(prompt_ids, sampling)
+
+
+async def call_when_up(call: Any, name: str, restart_timeout: float) -> Any:
+    """`await call()` on a replica actor, retried while Ray restarts it (up to `restart_timeout`
+    seconds); an EngineError naming the replica when it died for good or did not come back."""
+    import ray
+
+    deadline = time.monotonic() + restart_timeout
+    while True:
+        try:
+            return await call()
+        except ray.exceptions.ActorDiedError as e:
+            raise EngineError(f"{name} died and will not restart: {first_line(e)}") from None
+        except ray.exceptions.RayActorError as e:
+            if time.monotonic() > deadline:
+                raise EngineError(f"{name} did not come back within runtime.restart_timeout="
+                                  f"{restart_timeout}s: {first_line(e)}") from None
+            await asyncio.sleep(RESTART_POLL)

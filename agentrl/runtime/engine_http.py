@@ -13,13 +13,12 @@ episode is retried under rollout.max_retries, as with the ray transport.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from agentrl.errors import EngineError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.remote import RemoteEngine
-from agentrl.runtime.engine_client import RESTART_POLL, first_line
+from agentrl.runtime.engine_client import call_when_up
 
 
 class HttpEngineClient:
@@ -73,19 +72,7 @@ class HttpEngineClient:
 
     async def _url(self, handle: Any, name: str) -> str:
         """`handle`'s URL, waiting (up to restart_timeout) while Ray restarts it."""
-        import ray
-
-        deadline = time.monotonic() + self.restart_timeout
-        while True:
-            try:
-                return await handle.http_url.remote()
-            except ray.exceptions.ActorDiedError as e:
-                raise EngineError(f"{name} died and will not restart: {first_line(e)}") from None
-            except ray.exceptions.RayActorError as e:
-                if time.monotonic() > deadline:
-                    raise EngineError(f"{name} did not come back within runtime.restart_timeout="
-                                      f"{self.restart_timeout}s: {first_line(e)}") from None
-                await asyncio.sleep(RESTART_POLL)
+        return await call_when_up(handle.http_url.remote, name, self.restart_timeout)
 
     def _get_lock(self) -> asyncio.Lock:
         if self._lock is None:

@@ -10,11 +10,8 @@ conversations those agents build.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,7 @@ from agentrl.envs.service import close_env
 from agentrl.errors import AgentRLError, ConfigError, EnvError, RegistryError
 from agentrl.llm.conversation import TokenBudget, check_chat_template
 from agentrl.llm.engine import SamplingParams
-from agentrl.registry import AGENTS, ENVS
+from agentrl.registry import AGENTS, ENVS, import_file
 from agentrl.rollout.collector import TagSpec
 
 
@@ -35,18 +32,7 @@ def import_user_modules(cfg: Config) -> None:
     for name in cfg.imports:
         try:
             if name.endswith(".py"):
-                path = Path(name).expanduser().resolve()
-                if not path.is_file():
-                    raise FileNotFoundError(f"no such file {path}")
-                module = f"agentrl_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-                if module not in sys.modules:
-                    spec = importlib.util.spec_from_file_location(module, path)
-                    sys.modules[module] = mod = importlib.util.module_from_spec(spec)
-                    try:
-                        spec.loader.exec_module(mod)
-                    except BaseException:
-                        del sys.modules[module]
-                        raise
+                import_file(Path(name))
             else:
                 importlib.import_module(name)
         except SystemExit as e:  # a module that exits would end the run with nothing said
