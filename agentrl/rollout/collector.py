@@ -58,6 +58,40 @@ class TagSpec:
     agent: "Agent"
 
 
+class LoopWatch:
+    """Watches an event loop that runs episodes from another thread, which stays free to take a
+    Ctrl-C: `check` raises a RolloutError once the loop has not run for longer than the episode
+    timeout (env code blocking it), and without a timeout warns once after HANG_WARN_SECONDS."""
+
+    def __init__(self, timeout: float | None, waiting: str) -> None:
+        self.timeout = timeout
+        self.waiting = waiting  # what is awaited, for the warning: "32 episodes have been collecting"
+        self.start = self.beat = time.monotonic()
+        self.warned = False
+
+    def check(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Call about every WATCH_SECONDS while waiting on `loop` (None: not started yet)."""
+        now = time.monotonic()
+        if self.timeout is not None and loop is not None:
+            blocked = now - self.beat
+            if blocked > self.timeout + 2 * WATCH_SECONDS:
+                raise RolloutError(
+                    f"the episodes' event loop has not run for {blocked:.0f} s, longer than "
+                    f"rollout.episode_timeout={self.timeout}s: env or agent code blocks it (synchronous "
+                    "work inside an async reset/step); run such work with `await asyncio.to_thread(...)`")
+            try:  # the loop stamps the time when it gets to run this
+                loop.call_soon_threadsafe(self._stamp)
+            except RuntimeError:  # the loop closed meanwhile: the wait is about to end
+                pass
+        elif self.timeout is None and not self.warned and now - self.start > HANG_WARN_SECONDS:
+            self.warned = True
+            warn_hang(f"{self.waiting} for {now - self.start:.0f} s; if an env or agent "
+                      "hangs, set rollout.episode_timeout to end such episodes")
+
+    def _stamp(self) -> None:
+        self.beat = time.monotonic()
+
+
 @dataclass
 class CollectResult:
     """Trajectories of the groups that completed, and what went wrong with the others."""
@@ -153,7 +187,7 @@ class RolloutCollector:
 
     def collect(self, tasks: list[Task]) -> CollectResult:
         """Run every task to the end (blocking); keep only groups whose episodes all finished."""
-        live: dict[str, Any] = {"loop": None, "task": None, "beat": time.monotonic()}
+        live: dict[str, Any] = {"loop": None, "task": None}
         done, box = threading.Event(), {}
 
         async def main() -> CollectResult:
@@ -186,25 +220,9 @@ class RolloutCollector:
 
     def _watch(self, done: threading.Event, live: dict[str, Any], n: int) -> None:
         """Wait for the collection; raise when its loop is blocked past the timeout, warn on a long one."""
-        start, warned = time.monotonic(), False
+        watch = LoopWatch(self.timeout, f"{n} episodes have been collecting")
         while not done.wait(WATCH_SECONDS):
-            now = time.monotonic()
-            loop = live["loop"]
-            if self.timeout is not None and loop is not None:
-                blocked = now - live["beat"]
-                if blocked > self.timeout + 2 * WATCH_SECONDS:
-                    raise RolloutError(
-                        f"the episodes' event loop has not run for {blocked:.0f} s, longer than "
-                        f"rollout.episode_timeout={self.timeout}s: env or agent code blocks it (synchronous "
-                        "work inside an async reset/step); run such work with `await asyncio.to_thread(...)`")
-                try:  # the loop stamps the time when it gets to run this
-                    loop.call_soon_threadsafe(lambda: live.__setitem__("beat", time.monotonic()))
-                except RuntimeError:  # the loop closed meanwhile: done is about to be set
-                    pass
-            elif self.timeout is None and not warned and now - start > HANG_WARN_SECONDS:
-                warned = True
-                warn_hang(f"{n} episodes have been collecting for {now - start:.0f} s; if an env or agent "
-                          "hangs, set rollout.episode_timeout to end such episodes")
+            watch.check(live["loop"])
 
     async def acollect(self, tasks: list[Task], first_attempt: int = 0) -> CollectResult:
         """Async form of `collect`; `first_attempt` > 0 replays tasks whose earlier attempts were

@@ -26,13 +26,14 @@ not replay the exact same samples; k = 0 does not use this class and resumes exa
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from agentrl.llm.engine import InferenceEngine
-from agentrl.rollout.collector import CollectResult, RolloutCollector
+from agentrl.rollout.collector import WATCH_SECONDS, CollectResult, LoopWatch, RolloutCollector
 from agentrl.trajectory import Task, Trajectory
 
 
@@ -85,6 +86,7 @@ class RolloutStream:
         self._tasks: set[asyncio.Task] = set()
         self._thread = threading.Thread(target=self._run_loop, name="agentrl-rollout", daemon=True)
         self._error: BaseException | None = None
+        self._blocked = False  # the loop was found blocked past the episode timeout: never join it
 
     # ------------------------------------------------------------------ trainer side
     def start(self) -> None:
@@ -101,12 +103,14 @@ class RolloutStream:
         """
         taken: list[ReadyGroup] = []
         stale = 0
+        watch = self._watch(f"a step has been waiting for {n} groups")
         with self._cond:
             while len(taken) < n:
                 while not self._ready:
                     if self._error is not None:
                         raise self._error
-                    self._cond.wait(timeout=1.0)
+                    self._cond.wait(timeout=WATCH_SECONDS)
+                    self._check(watch)
                 group = self._ready.pop(0)
                 self._mark_consumed(group.index)
                 if not group.failed and group.min_version < version - self.max_lag:
@@ -132,7 +136,13 @@ class RolloutStream:
 
     def run(self, coro: Coroutine) -> Any:
         """Run a coroutine on the loop thread (e.g. an evaluation) and return its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        watch = self._watch("the rollout thread has been busy with a request")
+        while True:
+            try:
+                return future.result(timeout=WATCH_SECONDS)
+            except concurrent.futures.TimeoutError:
+                self._check(watch)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the loop thread, between two event-loop steps, and return its result."""
@@ -153,8 +163,9 @@ class RolloutStream:
             return {"started": self._started, "ready": len(self._ready)}
 
     def close(self) -> None:
-        """Cancel what is in flight and stop the thread."""
-        if not self._thread.is_alive():
+        """Cancel what is in flight and stop the thread (a thread blocked by env code is left to
+        die with the process: it is a daemon, and waiting on it would hang)."""
+        if not self._thread.is_alive() or self._blocked:
             return
         async def cancel_all() -> None:
             for t in list(self._tasks):
@@ -164,6 +175,18 @@ class RolloutStream:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+    def _watch(self, waiting: str) -> LoopWatch:
+        return LoopWatch(self.collector.timeout, waiting)
+
+    def _check(self, watch: LoopWatch) -> None:
+        """As the on-policy collect does: env code that blocks the loop past the episode timeout
+        ends the run in one line rather than hanging it."""
+        try:
+            watch.check(self._loop)
+        except BaseException:
+            self._blocked = True
+            raise
 
     # ------------------------------------------------------------------ loop side
     def _run_loop(self) -> None:

@@ -350,14 +350,17 @@ def test_ctrl_c_stops_a_run_whose_env_blocks_the_event_loop(tmp_path, finished):
     assert line == f"agentrl: interrupted; resume with `agentrl resume {run}`"
 
 
-def test_an_env_blocking_the_event_loop_past_the_episode_timeout_is_one_line(tmp_path, finished):
-    res = _fault("block", 0, "train", *_train_args(tmp_path / "run", finished[1], "rollout.episode_timeout=1"),
-                 timeout=300)
+@pytest.mark.parametrize("staleness", [0, 1])  # 1: the episodes' loop is the rollout stream's thread
+def test_an_env_blocking_the_event_loop_past_the_episode_timeout_is_one_line(tmp_path, finished, staleness):
+    res = _fault("block", 0, "train", *_train_args(tmp_path / "run", finished[1], "rollout.episode_timeout=1",
+                                                   f"rollout.max_staleness={staleness}"), timeout=300)
     line = _one_line(res)
     assert "rollout.episode_timeout=1.0s" in line and "blocks it" in line and "asyncio.to_thread" in line
 
 
-def test_a_collection_that_may_hang_without_a_timeout_is_warned_about(tmp_path, finished):
-    res = _fault("async_hang", 0, "train", *_train_args(tmp_path / "run", finished[1]), timeout=300)
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_collection_that_may_hang_without_a_timeout_is_warned_about(tmp_path, finished, staleness):
+    res = _fault("async_hang", 0, "train", *_train_args(tmp_path / "run", finished[1],
+                                                        f"rollout.max_staleness={staleness}"), timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "set rollout.episode_timeout" in res.stderr

@@ -1,13 +1,15 @@
 """A user's module written as seeds 000/001 show it (AReaL's legacy agent API), run unchanged with
 `agentrl train imports=[this file] env.type=seed-math-code-single-step agent.type=seed-math-multi-turn`.
 
-The env has `reset` and `step` only (no close, no sample_action); its reset returns `(None, {})`,
+The env has `reset` and `step` only (no close, no sample_action: its base is AReaL's own, not
+agentrl's `EnvironmentService`, which would supply a `close`); its reset returns `(None, {})`,
 the question comes from the dataset it is built with (`dataset_path`); the agent subclasses
 `Agent`, loads its tokenizer from `tokenizer_path`, and returns the samples it built, with its
 own reward shaping. The names differ from examples/seed_math_agent.py's only so both can be
 registered in one test process.
 """
 
+import abc
 import asyncio
 import json
 from typing import List, Tuple
@@ -26,7 +28,17 @@ def load_id2info(dataset_path):
     return {row["query_id"]: row for row in rows}
 
 
-class MathCodeSingleStepEnv(EnvironmentService):
+class AReaLEnvironmentService(abc.ABC):
+    """AReaL's own base, as a user may keep it: reset and step, no close, no sample_action."""
+
+    @abc.abstractmethod
+    async def reset(self, seed=None, options=None): ...
+
+    @abc.abstractmethod
+    async def step(self, action): ...
+
+
+class MathCodeSingleStepEnv(AReaLEnvironmentService):
 
     def __init__(self, dataset_path):
         self.id2info = load_id2info(dataset_path)

@@ -63,10 +63,12 @@ def seed_module():
     return sys.modules[next(m for m in sys.modules if m.startswith("agentrl_user_areal_math_agent"))]
 
 
-def test_seed_agent_and_env_train_unchanged_through_the_cli(tmp_path, dataset):
+def test_seed_agent_and_env_train_unchanged_through_the_cli(tmp_path, dataset, seed_module):
     """reset/step-only env (no close, no sample_action), reset() -> (None, {}) with the question
     from the dataset, an Agent subclass loading AutoTokenizer from tokenizer_path, and its
     returned samples' rewards (its own shaping) are what is trained on."""
+    env_cls = seed_module.MathCodeSingleStepEnv
+    assert not hasattr(env_cls, "close") and not hasattr(env_cls, "sample_action")  # AReaL's base, not ours
     run = tmp_path / "run"
     res = _agentrl("train", f"imports=[{MODULE}]", "env.type=seed-math-code-single-step",
                    f"env.args.dataset_path={dataset}", "env.max_turns=2", "agent.type=seed-math-multi-turn",
