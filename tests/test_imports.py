@@ -75,3 +75,18 @@ def test_the_checker_sees_imports(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import torch\nfrom agentrl.train.batch import pack\nif TYPE_CHECKING:\n    import agentrl.envs\n")
     assert _imports(f) == {"torch", "train"}
+
+
+def test_modules_stay_small():
+    """Small modules with one job (STYLE.md): none over 400 lines, so each reads in one sitting."""
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, f"modules over 400 lines: {long}; split them by job"
+
+
+def test_the_trainer_never_asks_which_rollout_or_engine_it_has():
+    """Trainer.step is written once for every rollout source and engine (their contracts)."""
+    src = (ROOT / "train" / "trainer.py").read_text()
+    for sign in ("isinstance(self.rollout", "self.stream", "StreamSource", "OnPolicySource", "engine: Any",
+                 "LocalEngine", "RemoteEngine"):
+        assert sign not in src, f"train/trainer.py tests its rollout mode or engine kind ({sign!r})"

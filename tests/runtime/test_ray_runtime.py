@@ -178,7 +178,8 @@ def _weight_diffs(a, b):
     return {k: float((wa[k] - wb[k]).abs().max()) for k in wa}
 
 
-# Over HTTP: 139 s on the loaded 2-core machine; the same faults, so `slow` (run with -m slow).
+# Over HTTP: 139 s on the loaded 2-core machine; the same faults, marked `slow` (the default suite runs it;
+# `-m "not slow"` leaves it out).
 @pytest.mark.parametrize("transport", ["ray", pytest.param("http", marks=pytest.mark.slow)])
 def test_engines_and_env_managers_killed_mid_run_are_restarted_and_the_run_finishes(cluster, cache, tmp_path, transport):
     """Seed 003's AgentTrainer with an env class of its own, two env managers sharing one engine
