@@ -87,6 +87,7 @@ class RaySource:
         self._synced = False  # whether any update has reached the engines (else a restarted one is current)
         self._stats = dict.fromkeys(("sync_seconds", "sync_bytes", "engine_restarts", "manager_restarts"), 0.0)
         self._gone: set[int] = set()  # env managers that died for good: later steps split among the rest
+        self._down: set[int] = set()  # env managers seen dead and not yet seen back: one restart each
 
     @property
     def policy_version(self) -> int:
@@ -181,7 +182,10 @@ class RaySource:
                                f"{self.cfg.runtime.max_restarts}); the run cannot play episodes")
         jobs = [_Job(m, block) for m, block in zip(live, split_groups(tasks, len(live))) if block]
         for job in jobs:
-            self._submit(job)
+            if job.manager in self._down:  # still restarting: wait for it rather than lose an attempt
+                job.deadline = time.monotonic() + self.restart_timeout
+            else:
+                self._submit(job)
         while any(job.ref is not None or job.deadline for job in jobs):
             self._step_jobs(jobs)
             self._heal_engines()
@@ -233,10 +237,12 @@ class RaySource:
         job.attempt += 1
         if isinstance(error, _permanent()):
             self._gone.add(job.manager)
+        if job.manager not in self._down:  # one death however many of its calls report it
+            self._down.add(job.manager)
+            self._stats["manager_restarts"] += 1
         if job.attempt > self.max_retries or job.manager in self._gone:
             self._give_up(job)
         else:
-            self._stats["manager_restarts"] += 1
             job.deadline = time.monotonic() + self.restart_timeout
 
     def _retry_when_back(self, job: _Job) -> None:
@@ -252,10 +258,17 @@ class RaySource:
             if time.monotonic() > job.deadline:
                 self._give_up(job)
             return
+        self._down.discard(job.manager)
         self._submit(job)
 
     def _give_up(self, job: _Job) -> None:
         """Every episode of the job failed for good: its groups are dropped."""
+        if job.result is None:  # never played: its manager stayed down past the restart timeout
+            job.result = CollectResult([], episodes=len(job.tasks))
+            job.result.failures["worker"] = len(job.tasks)
+            job.result.errors = [f"worker: env manager {job.manager} did not come back within "
+                                 f"runtime.restart_timeout={self.restart_timeout}s (env seed {t.env_seed})"
+                                 for t in job.tasks]
         result = job.result
         result.failed_episodes += len(job.tasks)
         result.dropped_groups += len({t.group_id for t in job.tasks})

@@ -194,6 +194,9 @@ def test_engines_and_env_managers_killed_mid_run_are_restarted_and_the_run_finis
         *LAKE, f"model.path={model}", f"run_dir={tmp_path / 'run'}", "runtime.kind=ray", "runtime.env_managers=2",
         "runtime.actor_infer.num_cpus=2", "rollout.batch_size=8", "actor.ppo_mini_batch_size=8",
         f"runtime.engine_transport={transport}",
+        # Restarts are what is tested, not their timeout: on a loaded machine an engine's restart
+        # (a new process that loads the model) took over the default 120 s.
+        "runtime.restart_timeout=1800",
         f"env.args.marker={marker}", "env.args.kills={engine: 3, env_manager: 30}"])
     trainer = AgentTrainer(config=cfg, env_cls=ray_envs.SabotagedLake, log=logs.append)
     trainer.init_workers()
