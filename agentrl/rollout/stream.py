@@ -103,7 +103,7 @@ class RolloutStream:
         """
         taken: list[ReadyGroup] = []
         stale = 0
-        watch = self._watch(f"a step has been waiting for {n} groups")
+        watch = LoopWatch(self.collector.timeout, f"a step has been waiting for {n} groups")
         with self._cond:
             while len(taken) < n:
                 while not self._ready:
@@ -137,7 +137,7 @@ class RolloutStream:
     def run(self, coro: Coroutine) -> Any:
         """Run a coroutine on the loop thread (e.g. an evaluation) and return its result."""
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        watch = self._watch("the rollout thread has been busy with a request")
+        watch = LoopWatch(self.collector.timeout, "the rollout thread has been busy with a request")
         while True:
             try:
                 return future.result(timeout=WATCH_SECONDS)
@@ -175,9 +175,6 @@ class RolloutStream:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
-
-    def _watch(self, waiting: str) -> LoopWatch:
-        return LoopWatch(self.collector.timeout, waiting)
 
     def _check(self, watch: LoopWatch) -> None:
         """As the on-policy collect does: env code that blocks the loop past the episode timeout

@@ -237,7 +237,7 @@ class RaySource:
         job.attempt += 1
         if isinstance(error, _permanent()):
             self._gone.add(job.manager)
-        if job.manager not in self._down:  # one death however many of its calls report it
+        elif job.manager not in self._down:  # one restart per death, however many calls report it
             self._down.add(job.manager)
             self._stats["manager_restarts"] += 1
         if job.attempt > self.max_retries or job.manager in self._gone:
