@@ -141,13 +141,19 @@ def best_blind_success(
     Exhaustive over the 4**horizon sequences but with merged joint states, so horizon 8 on 64
     random 4x4 maps takes well under a second; long horizons on big maps still grow fast.
     """
-    tables = [_tables(e.P, e.observation_space.n) for e in _lakes(descs, is_slippery)]
+    # A map evaluated k times is searched once with weight k: an eval of 256 episodes on the
+    # fixed map held 256 copies of every belief (measured: 12.6 GB and two minutes at each eval).
+    counts: dict[tuple[str, ...], int] = {}
+    for d in descs:
+        key = tuple(_rows(d))
+        counts[key] = counts.get(key, 0) + 1
+    tables = [_tables(e.P, e.observation_space.n) for e in _lakes(list(counts), is_slippery)]
     if len({t[0].shape for t in tables}) != 1:
         raise ConfigError("best_blind_success needs one or more maps, all of one size")
     goal = np.stack([t[0] for t in tables])  # (maps, actions, states)
     cont = np.stack([t[1] for t in tables])  # (maps, actions, states, states)
     belief = np.zeros(goal.shape[::2])
-    belief[:, 0] = 1.0  # every map starts on cell 0
+    belief[:, 0] = list(counts.values())  # every map starts on cell 0, with its number of episodes
     memo: dict[tuple[bytes, int], tuple[float, tuple[int, ...]]] = {}
 
     def best(b: np.ndarray, depth: int) -> tuple[float, tuple[int, ...]]:

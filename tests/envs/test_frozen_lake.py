@@ -312,6 +312,21 @@ def test_best_blind_matches_brute_force_small():
     assert score == pytest.approx(brute) and blind_score(descs, seq) == pytest.approx(score)
 
 
+def test_best_blind_counts_a_repeated_map_by_its_episodes():
+    """An eval that plays one map many times (the fixed map) scores as the episodes' mean, with
+    each distinct map searched once (256 copies used to hold 256 copies of every belief)."""
+    import itertools
+
+    descs = [generate_random_map(size=3, p=0.7, seed=s) for s in range(3)]
+    repeated = [descs[0]] * 5 + [descs[1]] * 2 + [descs[2]]
+    brute = max(blind_score(repeated, s) for s in itertools.product(range(4), repeat=4))
+    score, seq = best_blind_success(repeated, horizon=4)
+    assert score == pytest.approx(brute) and blind_score(repeated, seq) == pytest.approx(score)
+    slippery = [MAPS["4x4"]] * 256
+    assert best_blind_success(slippery, horizon=6, is_slippery=True)[0] == pytest.approx(
+        best_blind_success([MAPS["4x4"]], horizon=6, is_slippery=True)[0])
+
+
 # --- config validation -----------------------------------------------------------------------
 
 
