@@ -139,6 +139,10 @@ class EngineConfig(EngineServing):
     kv_on_weight_update: Literal["recompute", "keep"] = "recompute"
     """After a weight update, KV computed under older weights is recomputed (running sequences
     re-prefill, parked prefix caches are dropped) or kept and reported in Completion.kv_version."""
+    enforce_eager: bool = False
+    """vLLM's name. On CUDA the engine replays its decode pass as CUDA graphs captured per padded
+    batch size (a pass of a small model is bound by kernel launches); true runs every pass
+    eagerly. On CPU every pass is eager either way."""
 
 
 # ---------------------------------------------------------------------------- trainer

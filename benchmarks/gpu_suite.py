@@ -7,6 +7,9 @@ measures
   rollout    tokens/s of the engine (LocalEngine) vs HF `generate` in lockstep per turn vs a bare
              static-KV decode loop over the engine's own token counts (the limit), via
              benchmarks/rollout_throughput.py (targets: engine >= 5x lockstep, >= 0.7 of the limit);
+             the engine and lockstep play the episodes once untimed first (warm kernels, allocator
+             and the engine's CUDA graphs, as every step of a run but the first finds them);
+             `engine.enforce_eager=true` measures the engine without CUDA graphs;
   precision  the engine/trainer logprob gap over the rollout's generated ids, for the trainer on
              bfloat16 weights (what model.dtype=bfloat16 does: float32 master copies in the
              optimizer) and on float32 weights under bfloat16 autocast (the alternative);
@@ -75,6 +78,9 @@ def section_rollout(ctx: dict) -> dict:
     rows = {}
     for name in ("engine", "lockstep", "limit"):
         workload = rows["engine"]["workload"] if name == "limit" else None
+        if name != "limit":  # once untimed: kernels, allocator, captured graphs, as a run's later steps find them
+            rt.run_method(name, ctx["model"], ctx["tokenizer"], ctx["cfg"], TAG, ctx["env_factory"], ctx["tasks"],
+                          ctx["device"])
         rows[name] = rt.run_method(name, ctx["model"], ctx["tokenizer"], ctx["cfg"], TAG, ctx["env_factory"],
                                    ctx["tasks"], ctx["device"], workload=workload)
     ctx["trajectories"] = rows["engine"]["trajectories"]

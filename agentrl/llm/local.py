@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 
 from agentrl.errors import EngineError
+from agentrl.llm.decode_graphs import DecodeGraphs
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.engine_stats import EngineStats
 from agentrl.llm.kv_cache import SUPPORTED_LAYER_TYPES, SlotKVCache, attention_masks
@@ -50,6 +51,7 @@ class LocalEngine:
         kv_on_weight_update: Literal["recompute", "keep"] = "recompute",
         tokenizer: Any = None,
         seed: int = 0,
+        enforce_eager: bool = False,
     ) -> None:
         self.model = model.eval()
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -64,6 +66,7 @@ class LocalEngine:
         self.sliding_window = getattr(config, "sliding_window", None)
         _check_model(model, self.layer_types)
         self.cache = SlotKVCache.for_model(model, self.max_model_len)
+        self.graphs = None if enforce_eager or self.cache.device.type != "cuda" else DecodeGraphs(self, capture=True)
         self.sched = Scheduler(self.cache, max_num_seqs=max_num_seqs,
                                max_total_tokens=max_total_tokens or max_num_seqs * self.max_model_len,
                                enable_prefix_caching=enable_prefix_caching)
@@ -83,7 +86,8 @@ class LocalEngine:
                    max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
                    max_total_tokens=engine.max_total_tokens, max_model_len=max_model_len,
                    enable_prefix_caching=engine.enable_prefix_caching,
-                   kv_on_weight_update=engine.kv_on_weight_update, tokenizer=tokenizer, seed=seed)
+                   kv_on_weight_update=engine.kv_on_weight_update, tokenizer=tokenizer, seed=seed,
+                   enforce_eager=engine.enforce_eager)
 
     @property
     def device(self) -> torch.device:
@@ -125,6 +129,8 @@ class LocalEngine:
         with self._lock:
             if is_adapter_state(state_dict):  # LoRA: only the adapters changed; the base stays
                 self.model = load_adapter_state(self.model, state_dict).eval()
+                if self.graphs is not None:  # the first push adds modules: capture again
+                    self.graphs.invalidate()
             else:
                 self.model.load_state_dict(state_dict)
             self.policy_version += 1
@@ -305,14 +311,16 @@ class LocalEngine:
         """One token for each of `seqs` (sorted by row in place); their next-token logits."""
         self.sched.arrange_decode_rows(seqs)
         seqs.sort(key=lambda s: s.row)
-        dev = self.device
-        ids = torch.tensor([[s.tokens[-1]] for s in seqs], device=dev)
-        pos = torch.tensor([s.cached for s in seqs], device=dev)
-        kv_len = max(s.cached for s in seqs) + 1
-        view = self.cache.decode_view(len(seqs), pos, kv_len)
-        masks = attention_masks(pos.unsqueeze(1), kv_len, self.cache.dtype, self.layer_types, self.sliding_window)
-        out = self.model(input_ids=ids, position_ids=pos.unsqueeze(1), attention_mask=masks,
-                         past_key_values=view, use_cache=True).logits[:, -1]
+        if self.graphs is not None:
+            out = self.graphs.decode([s.tokens[-1] for s in seqs], [s.cached for s in seqs], len(self.sched.rows))
+        else:
+            ids = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.device)
+            pos = torch.tensor([s.cached for s in seqs], device=self.device)
+            kv_len = max(s.cached for s in seqs) + 1
+            view = self.cache.decode_view(len(seqs), pos, kv_len)
+            masks = attention_masks(pos.unsqueeze(1), kv_len, self.cache.dtype, self.layer_types, self.sliding_window)
+            out = self.model(input_ids=ids, position_ids=pos.unsqueeze(1), attention_mask=masks,
+                             past_key_values=view, use_cache=True).logits[:, -1]
         for s in seqs:
             if s.cached < len(s.request.prompt):  # a prompt id: the last one of a prompt served from cache
                 self.stats.prefill_tokens += 1
