@@ -112,7 +112,9 @@ class DecodeGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: with rollout.max_staleness >= 1 the trainer runs CUDA work on another
+        # thread while this one captures; "global" would fail that thread's calls.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._forward(ids, pos, rows, out)
         self.captures += 1
         return graph, ids, pos, rows, out
