@@ -3,8 +3,8 @@ NCCL on GPU), and the policy is wrapped in DistributedDataParallel.
 
 Why DDP and not FSDP2: every model this package trains fits one device (the tiny default on a
 CPU, 0.5-7B models on one GPU), and DDP keeps a whole replica per rank, so a rank's update is the
-single-process update on its rows plus one gradient all-reduce, overlapped with the backward by
-DDP's buckets. FSDP2 shards parameters to fit models that do not fit one device, at the price
+single-process update on its rows plus one gradient all-reduce per DDP bucket (run as each
+bucket fills, not overlapped with the rest of the backward: see _sum_hook). FSDP2 shards parameters to fit models that do not fit one device, at the price
 of an all-gather of every layer in each forward and backward; that pays only past one device.
 
 Exact equivalence with one worker: each rank takes a contiguous share of every mini-batch and
@@ -35,8 +35,16 @@ def _sum_hook(state, bucket):  # noqa: ANN001 (DDP checks these annotations: non
     """All-reduce a gradient bucket as a sum (DDP's default hook averages)."""
     import torch.distributed as dist
 
-    work = dist.all_reduce(bucket.buffer(), async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+    # Synchronous, returned as an already-completed future: a `.then` callback is released on
+    # gloo's worker thread, which takes the GIL for it, and when the process group is torn down
+    # the main thread joins that thread holding the GIL (measured: a test run hung for good in
+    # ProcessGroupGloo's destructor). The cost is the overlap of this all-reduce with the rest
+    # of the backward pass.
+    buffer = bucket.buffer()
+    dist.all_reduce(buffer)
+    done = torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda else torch.futures.Future()
+    done.set_result(buffer)
+    return done
 
 
 class DataParallel:
