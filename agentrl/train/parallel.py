@@ -4,8 +4,9 @@ NCCL on GPU), and the policy is wrapped in DistributedDataParallel.
 Why DDP and not FSDP2: every model this package trains fits one device (the tiny default on a
 CPU, 0.5-7B models on one GPU), and DDP keeps a whole replica per rank, so a rank's update is the
 single-process update on its rows plus one gradient all-reduce per DDP bucket (run as each
-bucket fills, not overlapped with the rest of the backward: see _sum_hook). FSDP2 shards parameters to fit models that do not fit one device, at the price
-of an all-gather of every layer in each forward and backward; that pays only past one device.
+bucket fills, not overlapped with the rest of the backward: see _sum_hook). FSDP2 shards
+parameters to fit models that do not fit one device, at the price of an all-gather of every
+layer in each forward and backward; that pays only past one device.
 
 Exact equivalence with one worker: each rank takes a contiguous share of every mini-batch and
 divides its loss by the counts of the whole mini-batch (Actor.update_stats), and the gradients
