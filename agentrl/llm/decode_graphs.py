@@ -1,14 +1,14 @@
 """The engine's decode pass at fixed shapes, replayed as CUDA graphs (vLLM's cudagraph capture).
 
-With a few-token reply per turn and a batch of tens of episodes, a decode pass of a real model on
-a GPU is bound by kernel launches, not arithmetic; a CUDA graph launches the whole pass at once
-(measured on an H200, the 0.5B shape playing 64 FrozenLake episodes: 918 generated tokens/s
-eager, 3,504 with graphs; HF `generate` 913-927). A graph has fixed shapes and addresses, so the pass is run at a padded batch size (a
-bucket: 1, 2, 4, 8, then multiples of 8) over the cache's full capacity, with the additive mask
-computed inside the graph from the positions; the padding rows write into a scratch row of the
-cache that no sequence owns, and their logits are dropped. Anything that moves the cache (it
-grew, or was cleared) or changes the model's modules (the first LoRA push) makes the engine
-capture again.
+With a few-token reply per turn and a batch of tens of episodes, a decode pass of a real model
+on a GPU is bound by kernel launches, not arithmetic; a CUDA graph launches the whole pass at
+once (measured on an H200, the 0.5B shape playing 64 FrozenLake episodes: 918 generated tokens/s
+eager, 3,504 with graphs; HF `generate` 913-927). A graph has fixed shapes and addresses, so the
+pass is run at a padded batch size (a bucket: 1, 2, 4, 8, then multiples of 8) over the cache's
+full capacity, with the additive mask computed inside the graph from the positions; the padding
+rows write into a scratch row of the cache that no sequence owns, and their logits are dropped.
+Anything that moves the cache (it grew, or was cleared) or changes the model's modules (the
+first LoRA push) makes the engine capture again.
 
 Without CUDA (`capture=False`) the same fixed-shape pass runs eagerly: that is how the padding,
 the scratch row and the full-capacity mask are tested on CPU.

@@ -81,8 +81,9 @@ def test_captured_graphs_give_the_eager_ids_on_cuda(tiny_model, tiny_tokenizer):
     model = tiny_model.to("cuda")
     try:
         eager = _play(_engine(model, tiny_tokenizer, fixed_shapes=False), tiny_tokenizer)
-        engine = LocalEngine(model, eos_token_ids=(tiny_tokenizer.eos_token_id,), pad_token_id=tiny_tokenizer.pad_token_id,
-                             tokenizer=tiny_tokenizer)  # on CUDA the engine captures by default
+        tok = tiny_tokenizer
+        engine = LocalEngine(model, eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id,
+                             tokenizer=tok)  # on CUDA the engine captures by default
         graphed = _play(engine, tiny_tokenizer)
         assert engine.graphs is not None and engine.graphs.captures > 0
         for (_, g1, g2), (_, e1, e2) in zip(graphed, eager):
