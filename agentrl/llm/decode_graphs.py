@@ -27,6 +27,16 @@ if TYPE_CHECKING:  # the engine owns its DecodeGraphs; the type is needed for hi
     from agentrl.llm.local import LocalEngine
 
 
+def decode_logits(engine: "LocalEngine", ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
+                  kv_len: int) -> torch.Tensor:
+    """Next-token logits of one decode pass: `ids` (B, 1) at `pos` (B,) written into cache `rows`
+    (B,), the queries reading rows 0..B-1 up to `kv_len` keys (eager, or inside a graph)."""
+    view = SlotView(engine.cache, rows, pos, None, kv_len, contiguous=True)
+    masks = attention_masks(pos.unsqueeze(1), kv_len, engine.cache.dtype, engine.layer_types, engine.sliding_window)
+    return engine.model(input_ids=ids, position_ids=pos.unsqueeze(1), attention_mask=masks,
+                        past_key_values=view, use_cache=True).logits[:, -1]
+
+
 def bucket(n: int) -> int:
     """The padded batch size a decode pass of `n` rows runs at."""
     if n <= 8:
@@ -40,7 +50,6 @@ class DecodeGraphs:
     def __init__(self, engine: "LocalEngine", capture: bool) -> None:
         self.engine = engine  # its model (replaced by the first LoRA push) and its cache's layout
         self.cache: SlotKVCache = engine.cache
-        self.pad_token_id = engine.pad_token_id
         self.capture = capture
         self.captures = 0  # graphs captured so far (a test reads it)
         self._layout: tuple | None = None
@@ -73,7 +82,7 @@ class DecodeGraphs:
                                   "engine.enforce_eager=true to decode without graphs") from e
         graph, static_ids, static_pos, static_rows, logits = self._runs[size]
         pad = size - n
-        static_ids.copy_(torch.tensor(ids + [self.pad_token_id] * pad).view(size, 1), non_blocking=True)
+        static_ids.copy_(torch.tensor(ids + [self.engine.pad_token_id] * pad).view(size, 1), non_blocking=True)
         static_pos.copy_(torch.tensor(positions + [0] * pad), non_blocking=True)
         scratch = self.cache.rows - 1
         static_rows.copy_(torch.tensor(list(range(n)) + [scratch] * pad), non_blocking=True)
@@ -84,17 +93,11 @@ class DecodeGraphs:
         return logits[:n]
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> None:
-        capacity = self.cache.capacity
-        view = SlotView(self.cache, rows, pos, None, capacity, contiguous=True)
-        masks = attention_masks(pos.unsqueeze(1), capacity, self.cache.dtype, self.engine.layer_types,
-                                self.engine.sliding_window)
-        logits = self.engine.model(input_ids=ids, position_ids=pos.unsqueeze(1), attention_mask=masks,
-                                  past_key_values=view, use_cache=True).logits[:, -1]
-        out.copy_(logits)
+        out.copy_(decode_logits(self.engine, ids, pos, rows, self.cache.capacity))
 
     def _build(self, size: int) -> tuple:
         dev = self.cache.device
-        ids = torch.full((size, 1), self.pad_token_id, dtype=torch.long, device=dev)
+        ids = torch.full((size, 1), self.engine.pad_token_id, dtype=torch.long, device=dev)
         pos = torch.zeros(size, dtype=torch.long, device=dev)
         rows = torch.full((size,), self.cache.rows - 1, dtype=torch.long, device=dev)  # all scratch
         vocab = self.engine.model.config.get_text_config().vocab_size

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import torch
 
 from agentrl.errors import EngineError
-from agentrl.llm.decode_graphs import DecodeGraphs
+from agentrl.llm.decode_graphs import DecodeGraphs, decode_logits
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.engine_stats import EngineStats
 from agentrl.llm.kv_cache import SUPPORTED_LAYER_TYPES, SlotKVCache, attention_masks
@@ -316,11 +316,8 @@ class LocalEngine:
         else:
             ids = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.device)
             pos = torch.tensor([s.cached for s in seqs], device=self.device)
-            kv_len = max(s.cached for s in seqs) + 1
-            view = self.cache.decode_view(len(seqs), pos, kv_len)
-            masks = attention_masks(pos.unsqueeze(1), kv_len, self.cache.dtype, self.layer_types, self.sliding_window)
-            out = self.model(input_ids=ids, position_ids=pos.unsqueeze(1), attention_mask=masks,
-                             past_key_values=view, use_cache=True).logits[:, -1]
+            rows = torch.arange(len(seqs), device=self.device)
+            out = decode_logits(self, ids, pos, rows, max(s.cached for s in seqs) + 1)
         for s in seqs:
             if s.cached < len(s.request.prompt):  # a prompt id: the last one of a prompt served from cache
                 self.stats.prefill_tokens += 1
