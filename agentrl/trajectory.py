@@ -122,6 +122,10 @@ class Trajectory:
     reset_info: dict[str, Any] = field(default_factory=dict)
     baseline: bool = False  # played for its reward only (ReMax's greedy rollout): never trained
     reward_baseline: float | None = None  # its group's greedy-rollout reward (ReMax), when one was played
+    # Index of this sequence in its episode: an agent may play an episode as several sequences (a
+    # history window, a history rewrite). Segment 0 stands for the episode in episode-level
+    # stats: its return is the episode's (each segment carries the rewards of those after it).
+    segment: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

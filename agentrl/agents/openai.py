@@ -173,7 +173,7 @@ class OpenAIAgent:
         out = [Trajectory.from_record(record, task, states, success=bool(env._info.get("success", False)),
                                       terminated=env._terminated, truncation_reason=reason, info=dict(info),
                                       invalid_actions=env._invalid if i == len(segments) - 1 else 0,
-                                      truncated_replies=cut)
+                                      truncated_replies=cut, segment=i)
                for i, (record, states, cut) in enumerate(segments)]
         return out[0] if len(out) == 1 else out
 

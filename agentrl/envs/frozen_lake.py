@@ -354,22 +354,34 @@ class FrozenLakeEnv:
         return {"map_blind": best_blind_success(maps, min(self.max_steps, 10), self.is_slippery)[0]}
 
     def sample_action(self, rng: random.Random) -> str:
-        """A well-formed reply with a uniformly random move that stays on the board.
+        """A well-formed reply with a uniformly random move that keeps the rules: on firm ice one
+        that stays on the board, on slippery ice one that does not head into a hole.
 
-        Moving into the edge is a legal no-op in Gymnasium; leaving it out of demonstrations makes
-        the warm-started policy read its position (the rules of the board, not the way to the goal).
+        On firm ice a move into the edge is a no-op; leaving it out of demonstrations makes the
+        warm-started policy read its position (the rules of the board, not the way to the goal).
+        On slippery ice it is not: it slides sideways along the edge, and the best policy uses it
+        on 5 of the 11 cells of the 4x4 map; a policy never shown a move cannot learn it
+        (measured: a table of logits started that way reaches 0.35-0.44 of the optimum, not 0.98).
+        Leaving out the moves that head into a hole (as the instructions ask) costs the best
+        policy 1% (0.197 against 0.199 in 20 steps) and makes the demonstrations read the board.
         Before reset, any of the four moves.
         """
         return f"<answer>{rng.choice(self.valid_moves())}</answer>"
 
     def valid_moves(self) -> list[str]:
-        """Names of the moves whose intended cell is on the board (all four before reset)."""
+        """The moves that keep the rules, which demonstrations draw from (see sample_action); all four before reset."""
         if self._gym is None or self._done:
             return list(ACTION_NAMES)
-        side = self._gym.unwrapped.ncol
+        side, rows = self._gym.unwrapped.ncol, self._gym.unwrapped.nrow
         row, col = divmod(self._pos, side)
-        ok = (col > 0, row < self._gym.unwrapped.nrow - 1, col < side - 1, row > 0)  # L, D, R, U
-        return [name for name, keep in zip(ACTION_NAMES, ok) if keep]
+        targets = ((row, col - 1), (row + 1, col), (row, col + 1), (row - 1, col))  # L, D, R, U
+        on_board = [0 <= r < rows and 0 <= c < side for r, c in targets]
+        if not self.is_slippery:
+            return [name for name, keep in zip(ACTION_NAMES, on_board) if keep]
+        desc = self.desc
+        safe = [name for name, (r, c), inside in zip(ACTION_NAMES, targets, on_board)
+                if not inside or desc[r][c] != "H"]
+        return safe or list(ACTION_NAMES)
 
     def close(self) -> None:
         """Close the underlying Gymnasium env."""

@@ -114,10 +114,20 @@ class Conversation:
     # ------------------------------------------------------------------ the model's reply
     def add_completion(self, completion: Completion, eos_token_ids: tuple[int, ...]) -> str:
         """Append the engine's ids verbatim (mask 1) and close the turn; return the reply text."""
+        return self._add_reply(list(completion.token_ids), eos_token_ids, completion)
+
+    def add_past_reply(self, ids: list[int], eos_token_ids: tuple[int, ...]) -> str:
+        """Append a reply generated in an earlier sequence of the episode, its ids verbatim, as
+        context (mask 0: it trains in the sequence that generated it); return its text."""
+        return self._add_reply(list(ids), eos_token_ids, None)
+
+    def _add_reply(self, ids: list[int], eos_token_ids: tuple[int, ...], completion: Completion | None) -> str:
         prefix, header = self._generation_prompt()
         self.record.append_prompt(header)
-        ids = list(completion.token_ids)
-        self.record.append_generated(ids, completion.logprobs, completion_versions(completion))
+        if completion is None:
+            self.record.append_prompt(ids)
+        else:
+            self.record.append_generated(ids, completion.logprobs, completion_versions(completion))
         ended = bool(ids) and ids[-1] in eos_token_ids
         content_ids = ids[:-1] if ended else ids
         content = self.tokenizer.decode(content_ids, skip_special_tokens=True)

@@ -9,7 +9,7 @@ is the fraction of episodes that ended for each truncation reason.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from agentrl.trajectory import Trajectory
 
@@ -27,10 +27,24 @@ def _numeric(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def episodes(trajs: Iterable[Trajectory]) -> list[Trajectory]:
+    """One trajectory per episode (its segment 0, whose return, outcome and reset info are the
+    episode's), for stats that count episodes, not sequences."""
+    return [t for t in trajs if t.segment == 0]
+
+
+def per_episode(trajs: list[Trajectory], value: Callable[[Trajectory], float]) -> float:
+    """`value` summed over every sequence of `trajs`, per episode (turns, invalid replies, ...)."""
+    n = len(episodes(trajs))
+    return float(sum(value(t) for t in trajs) / n) if n else 0.0
+
+
 def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
-    """Means over `trajs`: success, return, turns, truncated, and each numeric info["metrics"] key."""
+    """Means over the episodes of `trajs`: success, return, turns, truncated, and each numeric
+    info["metrics"] key."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
+    every, trajs = trajs, episodes(trajs)
     for t in trajs:
         metrics = t.info.get("metrics")
         for key, value in (metrics if isinstance(metrics, dict) else {}).items():
@@ -41,7 +55,7 @@ def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
     out.update({
         "success": _mean([float(t.success) for t in trajs]),
         "return": _mean([t.total_reward for t in trajs]),
-        "turns": _mean([float(t.num_turns) for t in trajs]),
+        "turns": per_episode(every, lambda t: t.num_turns),
         "truncated": _mean([float(t.truncated) for t in trajs]),
         "episodes": float(len(trajs)),
     })
@@ -67,5 +81,5 @@ def tag_metrics(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
 
 def truncation_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """`rollout/truncated_<reason>`: the fraction of episodes that ended for each reason."""
-    reasons = [t.truncation_reason for t in trajs]
+    reasons = [t.truncation_reason for t in episodes(trajs)]
     return {f"rollout/truncated_{r}": _mean([float(x == r) for x in reasons]) for r in TRUNCATION_REASONS}

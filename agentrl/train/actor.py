@@ -12,7 +12,7 @@ from agentrl.algos.losses import aggregate, behaviour_weights, kl_penalty, maske
 from agentrl.algos.policy_losses import policy_loss
 from agentrl.config import ActorConfig
 from agentrl.models.lora import adapter_state, is_peft, load_adapter_state
-from agentrl.train.batch import Batch, micro_batches
+from agentrl.train.batch import Batch, micro_batches, mini_batches
 from agentrl.train.forward import ForwardOptions, logprobs, token_logprobs  # noqa: F401  (token_logprobs: re-exported)
 from agentrl.train.numerics import check_grad_norm, check_loss
 from agentrl.train.parallel import DataParallel
@@ -125,8 +125,7 @@ class Actor:
         stats: dict[str, list[float]] = {}
         weights = self._off_policy_weights(batch, stats)
         for _ in range(cfg.ppo_epochs):
-            for mstart in range(0, batch.size, cfg.ppo_mini_batch_size):
-                mini = torch.arange(mstart, min(mstart + cfg.ppo_mini_batch_size, batch.size))
+            for mini in mini_batches(batch, cfg.ppo_mini_batch_size):
                 mask = batch.loss_mask[mini]
                 # Counts of the whole mini-batch: each micro-batch's (and each rank's) loss is
                 # its share of the mini-batch loss, so the gradients add up to the whole one's.

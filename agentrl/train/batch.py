@@ -28,6 +28,7 @@ class Batch:
     advantages: torch.Tensor | None = None  # (B, T)
     returns: torch.Tensor | None = None  # (B, T)
     reward_baselines: torch.Tensor | None = None  # (B,) float32, the group's greedy-rollout reward (ReMax); NaN: none
+    episode_index: torch.Tensor | None = None  # (B,) int64, the episode of each row (several when an agent segments)
 
     @property
     def size(self) -> int:
@@ -68,6 +69,7 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
     states: dict[tuple[int, str], int] = {}
     groups: dict[int, int] = {}
     index = torch.zeros(n, dtype=torch.long)
+    episode = torch.cumsum(torch.tensor([t.segment == 0 or i == 0 for i, t in enumerate(trajectories)]), 0) - 1
     for i, t in enumerate(trajectories):
         k = len(t.token_ids)
         ids[i, :k] = torch.tensor(t.token_ids, dtype=torch.long)
@@ -91,7 +93,18 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
     if any(t.reward_baseline is not None for t in trajectories):
         baselines = torch.tensor([float("nan") if t.reward_baseline is None else t.reward_baseline
                                   for t in trajectories], dtype=torch.float32)
-    return Batch(ids, attn, mask, logp, rewards, versions, index, state_ids, reward_baselines=baselines)
+    return Batch(ids, attn, mask, logp, rewards, versions, index, state_ids, reward_baselines=baselines,
+                 episode_index=episode)
+
+
+def mini_batches(batch: Batch, episodes: int) -> list[torch.Tensor]:
+    """Row indices of each mini-batch: `episodes` episodes each, with every row (segment) of
+    them, so an agent that plays an episode as several sequences takes as many optimizer steps
+    a training step as one that does not."""
+    if batch.episode_index is None or batch.size == 0:
+        return [torch.arange(s, min(s + episodes, batch.size)) for s in range(0, batch.size, episodes)]
+    chunk = batch.episode_index // episodes
+    return [(chunk == c).nonzero(as_tuple=True)[0] for c in torch.unique(chunk).tolist()]
 
 
 def micro_batches(attention_mask: torch.Tensor, rows: torch.Tensor, size: int, max_tokens: int = 0,

@@ -17,7 +17,7 @@ import torch
 from agentrl.algos.losses import explained_variance, masked_mean, value_loss
 from agentrl.config import CriticConfig
 from agentrl.models.lora import is_peft
-from agentrl.train.batch import Batch, micro_batches
+from agentrl.train.batch import Batch, micro_batches, mini_batches
 from agentrl.train.forward import ForwardOptions, packed_hidden, unpack_shifted
 from agentrl.train.numerics import check_grad_norm, check_loss
 from agentrl.train.precision import MasterWeights
@@ -85,8 +85,7 @@ class Critic:
         cfg = self.cfg
         stats: dict[str, list[float]] = {}
         for _ in range(cfg.ppo_epochs):
-            for mstart in range(0, batch.size, cfg.ppo_mini_batch_size):
-                mini = torch.arange(mstart, min(mstart + cfg.ppo_mini_batch_size, batch.size))
+            for mini in mini_batches(batch, cfg.ppo_mini_batch_size):
                 mask = batch.loss_mask[mini]
                 n_tokens = float(mask.sum().clamp(min=1.0))
                 n_seqs = float((mask.sum(-1) > 0).sum().clamp(min=1))
@@ -113,7 +112,7 @@ class Critic:
                 stats.setdefault("policy/critic_grad_norm", []).append(norm)
         out = {k: sum(v) / len(v) for k, v in stats.items()}
         # loss/value is summed over micro-batches within a mini-batch: report per mini-batch.
-        n_mini = cfg.ppo_epochs * math.ceil(batch.size / cfg.ppo_mini_batch_size)
+        n_mini = cfg.ppo_epochs * len(mini_batches(batch, cfg.ppo_mini_batch_size))
         out["loss/value"] = sum(stats["loss/value"]) / n_mini
         out["policy/explained_variance"] = explained_variance(batch.values, batch.returns, batch.loss_mask)
         return out

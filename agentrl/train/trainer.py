@@ -32,7 +32,7 @@ from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult
 from agentrl.rollout.filters import informative_groups, top_variance_groups
 from agentrl.rollout.source import RolloutSource
-from agentrl.rollout.stats import by_tag, episode_stats, tag_metrics, truncation_metrics
+from agentrl.rollout.stats import by_tag, episode_stats, episodes, per_episode, tag_metrics, truncation_metrics
 from agentrl.trajectory import Trajectory
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch, pack
@@ -230,7 +230,7 @@ class Trainer:
             # One tag keeps the historical key eval/baseline_<name>; several tags log per tag.
             where = "eval/" if len(set(self.val_tags)) == 1 else f"eval/{tag}/"
             if groups.get(tag):
-                out.update({f"{where}baseline_{k}": v for k, v in baselines(groups[tag]).items()})
+                out.update({f"{where}baseline_{k}": v for k, v in baselines(episodes(groups[tag])).items()})
         self._write_samples(trajs[:2])
         return out
 
@@ -337,7 +337,8 @@ class Trainer:
 def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
     """rollout/* and reward/* metrics of one step's trajectories."""
     trajs = result.trajectories
-    rewards = torch.tensor([t.total_reward for t in trajs])
+    eps = episodes(trajs)  # an episode played as several sequences counts once
+    rewards = torch.tensor([t.total_reward for t in eps])
     mask = batch.loss_mask
     diff = (batch.behaviour_logprobs - batch.old_logprobs).abs() * mask
     greedy = {}
@@ -346,16 +347,16 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
     return {
         **greedy,
         "reward/mean": float(rewards.mean()),
-        "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0,
+        "reward/std": float(rewards.std()) if len(eps) > 1 else 0.0,
         "reward/max": float(rewards.max()),
         "reward/min": float(rewards.min()),
-        "rollout/success": _mean([float(t.success) for t in trajs]),
-        "rollout/turns": _mean([t.num_turns for t in trajs]),
-        "rollout/invalid_actions": _mean([t.invalid_actions for t in trajs]),
-        "rollout/truncated_replies": _mean([t.truncated_replies for t in trajs]),
-        "rollout/response_tokens": _mean([t.num_generated for t in trajs]),
+        "rollout/success": _mean([float(t.success) for t in eps]),
+        "rollout/turns": per_episode(trajs, lambda t: t.num_turns),
+        "rollout/invalid_actions": per_episode(trajs, lambda t: t.invalid_actions),
+        "rollout/truncated_replies": per_episode(trajs, lambda t: t.truncated_replies),
+        "rollout/response_tokens": per_episode(trajs, lambda t: t.num_generated),
         "rollout/sequence_tokens": _mean([len(t.token_ids) for t in trajs]),
-        "rollout/episodes": float(len(trajs)),
+        "rollout/episodes": float(len(eps)),
         **truncation_metrics(trajs),
         "policy/logprob_diff_mean": float(masked_mean(diff, mask)),
         "policy/logprob_diff_max": float(diff.max()),

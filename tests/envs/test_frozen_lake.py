@@ -284,6 +284,20 @@ async def test_sample_action_keeps_to_the_board():
     assert {parse_action(env.sample_action(rng)) for _ in range(100)} == {0, 1, 2}
 
 
+async def test_sample_action_on_slippery_ice_tries_the_edge_and_keeps_out_of_holes():
+    # on ice a move into the edge slides along it (the optimum's move on 5 cells of the 4x4 map):
+    # demonstrations that never try it leave the policy no way to learn it; a move that heads
+    # into a hole breaks the rules the instructions state
+    env = FrozenLakeEnv(is_slippery=True, progress_reward=0.0)
+    await env.reset(seed=0)
+    rng = random.Random(0)
+    assert {parse_action(env.sample_action(rng)) for _ in range(100)} == {0, 1, 2, 3}  # the corner
+    env._gym.unwrapped.s = env._pos = 1  # top edge, a hole below: Left, Right, Up (the edge)
+    assert {parse_action(env.sample_action(rng)) for _ in range(100)} == {0, 2, 3}
+    env._gym.unwrapped.s = env._pos = 6  # holes left and right
+    assert {parse_action(env.sample_action(rng)) for _ in range(100)} == {1, 3}
+
+
 # --- map-blind baseline ----------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from agentrl.train.batch import pack
+from agentrl.train.batch import mini_batches, pack
 from agentrl.trajectory import Trajectory
 
 PAD = 0
@@ -47,3 +47,20 @@ def test_select_trims_a_sub_batch_to_its_longest_sequence():
 def test_pack_of_nothing_is_one_clear_error():
     with pytest.raises(ValueError, match="at least one trajectory"):
         pack([], PAD)
+
+
+def _segment(group, segment, n=3):
+    return Trajectory(list(range(1, n + 1)), [0, 1, 1][:n], [0.0] * n, [0] * n, [1.0], [n - 1], group, 0,
+                      turn_states=["s"], segment=segment)
+
+
+def test_mini_batches_hold_whole_episodes_however_many_sequences_each_has():
+    # episodes of 3, 1, 2 and 1 sequences: two episodes a mini-batch is rows 0-3, then rows 4-6
+    segments = [0, 1, 2, 0, 0, 1, 0]
+    batch = pack([_segment(g, s) for g, s in zip([0, 0, 0, 0, 1, 1, 1], segments)], pad_token_id=0)
+    assert batch.episode_index.tolist() == [0, 0, 0, 1, 2, 2, 3]
+    assert [m.tolist() for m in mini_batches(batch, 2)] == [[0, 1, 2, 3], [4, 5, 6]]
+    assert [m.tolist() for m in mini_batches(batch, 4)] == [list(range(7))]
+    # one sequence an episode: mini-batches of rows, as before
+    plain = pack([_segment(0, 0) for _ in range(5)], pad_token_id=0)
+    assert [m.tolist() for m in mini_batches(plain, 2)] == [[0, 1], [2, 3], [4]]
