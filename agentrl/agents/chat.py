@@ -131,7 +131,8 @@ class ChatAgent:
     def _window(self, instructions: str, window: list[tuple[str, list[int]]], obs: str) -> Conversation:
         """A turn's prompt: the instructions, the window's turns (their replies' ids verbatim), `obs`."""
         first = window[0][0] if window else obs
-        conv = start_conversation(self.tokenizer, self.system_prompt, f"{instructions}\n{first}" if instructions else first)
+        opening = f"{instructions}\n{first}" if instructions else first
+        conv = start_conversation(self.tokenizer, self.system_prompt, opening)
         for k, (_, ids) in enumerate(window):
             conv.add_past_reply(ids, self.eos_token_ids)
             conv.add_message("user", window[k + 1][0] if k + 1 < len(window) else obs)
