@@ -44,8 +44,8 @@ def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
     info["metrics"] key."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    every, trajs = trajs, episodes(trajs)
-    for t in trajs:
+    firsts = episodes(trajs)
+    for t in firsts:
         metrics = t.info.get("metrics")
         for key, value in (metrics if isinstance(metrics, dict) else {}).items():
             if _numeric(value):
@@ -53,13 +53,13 @@ def episode_stats(trajs: list[Trajectory]) -> dict[str, float]:
                 counts[key] = counts.get(key, 0) + 1
     out = {key: sums[key] / counts[key] for key in sums}
     out.update({
-        "success": _mean([float(t.success) for t in trajs]),
-        "return": _mean([t.total_reward for t in trajs]),
-        "turns": per_episode(every, lambda t: t.num_turns),
-        "truncated": _mean([float(t.truncated) for t in trajs]),
-        "episodes": float(len(trajs)),
+        "success": _mean([float(t.success) for t in firsts]),
+        "return": _mean([t.total_reward for t in firsts]),
+        "turns": per_episode(trajs, lambda t: t.num_turns),
+        "truncated": _mean([float(t.truncated) for t in firsts]),
+        "episodes": float(len(firsts)),
     })
-    optimal = [float(t.reset_info["optimal_success"]) for t in trajs if "optimal_success" in t.reset_info]
+    optimal = [float(t.reset_info["optimal_success"]) for t in firsts if "optimal_success" in t.reset_info]
     if optimal:
         out["optimal_success"] = _mean(optimal)
     return out

@@ -101,9 +101,8 @@ def mini_batches(batch: Batch, episodes: int) -> list[torch.Tensor]:
     """Row indices of each mini-batch: `episodes` episodes each, with every row (segment) of
     them, so an agent that plays an episode as several sequences takes as many optimizer steps
     a training step as one that does not."""
-    if batch.episode_index is None or batch.size == 0:
-        return [torch.arange(s, min(s + episodes, batch.size)) for s in range(0, batch.size, episodes)]
-    chunk = batch.episode_index // episodes
+    index = batch.episode_index if batch.episode_index is not None else torch.arange(batch.size)  # a row each
+    chunk = index // episodes
     return [(chunk == c).nonzero(as_tuple=True)[0] for c in torch.unique(chunk).tolist()]
 
 
