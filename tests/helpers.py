@@ -1,6 +1,8 @@
 """Helpers shared by tests (importable as `helpers`: pytest puts tests/ on sys.path)."""
 
 import contextlib
+import faulthandler
+import os
 
 
 def segments(mask):
@@ -67,3 +69,19 @@ def no_new_child_processes(stop, what: str):
     stop()
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     assert not left, f"{what} outlived shutdown: {left}"
+
+
+def watch_rank(seconds: int = 300) -> None:
+    """In a process a test spawned: after `seconds` (10 is usual), print every thread's stack and
+    exit 1, so a stuck collective fails its test saying where instead of holding the suite."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+
+
+def leave_rank() -> None:
+    """End a spawned gloo rank whose results are on disk, without interpreter finalization.
+
+    CI once hung here for good: gloo's worker threads can drop the last reference to a tensor
+    owned by a Python object, which needs the GIL, and a finalizing interpreter never hands it to
+    a non-main thread while the main thread joins them (pytorch/pytorch#190489). Every collective
+    has completed on this rank and its peers hold their data, so nothing is left to tear down."""
+    os._exit(0)

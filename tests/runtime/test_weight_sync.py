@@ -7,6 +7,7 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers import leave_rank, watch_rank
 
 from agentrl.runtime.weight_sync import (BroadcastTransport, FileTransport, SharedMemoryTransport, layout_of,
                                          nbytes_of)
@@ -47,6 +48,7 @@ def test_a_round_trip_reads_what_was_sent(kind, tmp_path):
 
 
 def _member(rank: int, port: int, out: str) -> None:
+    watch_rank()
     torch.set_num_threads(1)
     transport = BroadcastTransport(backend="gloo", bucket_bytes=64)  # tiny buckets: several per dtype
     transport.join("127.0.0.1", port, rank, 3, timeout=60)
@@ -57,6 +59,7 @@ def _member(rank: int, port: int, out: str) -> None:
     else:
         with transport.receive(payload) as got:
             torch.save({k: v.clone() for k, v in got.items()}, f"{out}/got{rank}.pt")
+    leave_rank()
 
 
 def test_a_broadcast_reaches_every_engine(tmp_path):

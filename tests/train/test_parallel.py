@@ -2,14 +2,13 @@
 mini-batch, give the loss and the updated weights of one worker on the whole batch."""
 
 import datetime
-import faulthandler
-import os
 import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import leave_rank, watch_rank
 
 from agentrl.config import ActorConfig, TinyModelConfig
 from agentrl.models.tiny import build_model
@@ -66,9 +65,7 @@ def _update(actor: Actor, rows: int) -> dict:
 
 
 def _rank(rank: int, world: int, port: int, out: str) -> None:
-    # A rank that has not finished after 5 minutes (10 s is usual) prints every thread's stack and
-    # exits 1: the test fails saying where, instead of holding the suite until CI's limit.
-    faulthandler.dump_traceback_later(300, exit=True)
+    watch_rank()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
@@ -78,12 +75,7 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
         actor.parallel = DataParallel(actor.model, rank, world)
         results.append(_update(actor, rows))
     torch.save(results, f"{out}/rank{rank}.pt")
-    # Leave without interpreter finalization. CI once hung here for good after the last update:
-    # gloo's worker threads can release tensors owned by Python objects, which needs the GIL, and a
-    # finalizing interpreter never hands it to a non-main thread while the main thread joins them
-    # (pytorch/pytorch#190489). The results are on disk and every collective has completed on both
-    # ranks (the other rank's last all-reduce has its data), so nothing is left to tear down.
-    os._exit(0)
+    leave_rank()
 
 
 def _free_port() -> int:
