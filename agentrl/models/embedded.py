@@ -22,7 +22,7 @@ from agentrl.errors import ConfigError
 from agentrl.models.loading import load_pretrained, save_pretrained
 from agentrl.registry import AGENTS, ENVS, Registry, load_builtins
 
-WARM_START_VERSION = 10  # bump when the warm-start recipe changes, to invalidate cached models
+WARM_START_VERSION = 11  # bump when the warm-start recipe changes, to invalidate cached models
 
 
 def cache_root(cfg: Config) -> Path:
