@@ -32,6 +32,8 @@ def test_bad_serving_values_fail_in_one_line(overrides, says):
 
 @pytest.mark.parametrize("overrides, says", [
     (["engine.kind=remote", "engine.urls=[http://127.0.0.1:9]"], "engine.urls[0]=http://127.0.0.1:9 does not answer"),
+    (["engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "engine.api_key_file=no/such/key"],
+     "engine.api_key_file=no/such/key: cannot read it"),
     (["agent.type=openai"], "agent.args.entry must be 'module:function'"),
     (["agent.type=openai", "agent.args.entry=examples/openai_frozen_lake:play"], "has no 'play'"),
     (["agent.type=openai", "agent.args.entry=examples/nothing_here:run"], "cannot import 'examples/nothing_here'"),
