@@ -49,7 +49,7 @@ class EngineActor:
     def __init__(self, shared: SharedSpec | RunSpec, index: int, seed: int, api_key: str | None = None) -> None:
         spec = shared.get() if isinstance(shared, SharedSpec) else shared
         cfg = spec.cfg
-        setup_worker(cfg.runtime.actor_infer.num_cpus)
+        setup_worker(cfg.runtime.num_threads)
         self.cfg = cfg
         self.index = index
         self.tokenizer = tokenizer = spec.tokenizer
