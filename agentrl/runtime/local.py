@@ -11,6 +11,7 @@ from typing import Any
 
 from agentrl.config import Config, save_config
 from agentrl.runtime.build import build_trainer
+from agentrl.runtime.preflight import preflight
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
                                         resume_changes, run_step)
 from agentrl.runtime.threads import kept_threads
@@ -24,10 +25,13 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
     """The run folder, checked and locked while the run writes it, and every part built: yields
     the trainer to fit, or the summary of a run that is already finished (resume).
 
-    The folder is checked before any model is built. A new run refuses a folder that holds
-    another run unless `overwrite` (which clears it first); a resume refuses config changes that
-    alter the run's meaning, and writes config.yaml only once the checkpoint has loaded.
+    The config's model-free checks come first (a config mistake is the error a user sees, and
+    it leaves no folder behind), then the folder, before any model is built. A new run refuses a
+    folder that holds another run unless `overwrite` (which clears it first); a resume refuses
+    config changes that alter the run's meaning, and writes config.yaml only once the checkpoint
+    has loaded.
     """
+    factories = preflight(cfg)
     run_dir = check_folder(cfg)
     # The run computes on runtime.num_threads; the caller's own count comes back at the end.
     with RunLock(run_dir), kept_threads():
@@ -43,7 +47,7 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
         else:
             prepare_fresh(run_dir, overwrite)
             save_config(cfg, run_dir / "config.yaml")
-        with placed(cfg, run_dir, log, tokenizer) as trainer:
+        with placed(cfg, run_dir, log, tokenizer, factories) as trainer:
             if resume:
                 trainer._restore()
                 # Only now is the new config proven to fit the run: write it and record what changed.
@@ -53,16 +57,18 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
 
 
 @contextmanager
-def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Any) -> Iterator[Any]:
-    """The trainer of `cfg`: built in this process (runtime.kind=local), or its parts placed as
-    Ray actors (runtime.kind=ray, runtime/ray.py: a handle with the same fit / _restore / step_idx)."""
+def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Any,
+           factories: dict[str, Callable[[], Any]]) -> Iterator[Any]:
+    """The trainer of `cfg` (whose preflight gave `factories`): built in this process
+    (runtime.kind=local), or its parts placed as Ray actors (runtime.kind=ray, runtime/ray.py: a
+    handle with the same fit / _restore / step_idx)."""
     if cfg.runtime.kind == "ray":
         from agentrl.runtime.ray import ray_trainer
 
-        with ray_trainer(cfg, run_dir, log, tokenizer) as trainer:
+        with ray_trainer(cfg, run_dir, log, tokenizer, factories) as trainer:
             yield trainer
     else:
-        yield build_trainer(cfg, run_dir, log, tokenizer)
+        yield build_trainer(cfg, run_dir, log, tokenizer, factories)
 
 
 def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Any = None,

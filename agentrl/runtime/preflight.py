@@ -20,13 +20,14 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.errors import ConfigError, RegistryError
-from agentrl.registry import ESTIMATORS
+from agentrl.registry import ESTIMATORS, load_builtins
 from agentrl.runtime.envs import check_agents, import_user_modules, make_agent, make_env_factories
 from agentrl.runtime.serving import check_serving
 
 
 def preflight(cfg: Config) -> dict[str, Callable[[], Any]]:
     """Run every model-free check of `cfg`; returns the env factories (one per tag)."""
+    load_builtins()
     check_estimator(cfg)
     check_context(cfg)
     check_lora(cfg)

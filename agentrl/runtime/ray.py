@@ -35,7 +35,6 @@ from agentrl.config import Config
 from agentrl.config_runtime import placement_summary
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.metrics import write_summary
-from agentrl.registry import load_builtins
 from agentrl.runtime.build import build_policy, needs_reference, seed_everything
 from agentrl.runtime.engine_client import first_line
 from agentrl.runtime.placement import HEAD, Plan, check_resources, choose_transport, options, plan_placement, reserve
@@ -141,12 +140,13 @@ def actor_config(cfg: Config, run_dir: Path) -> Config:
 
 @contextlib.contextmanager
 def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
-                tokenizer: Any = None) -> Iterator[RayRun]:
+                tokenizer: Any = None, factories: dict[str, Callable] | None = None) -> Iterator[RayRun]:
     """The run's parts placed on Ray; yields what the local runtime's trainer offers (fit,
-    _restore, step_idx), and stops every actor at the end."""
+    _restore, step_idx), and stops every actor at the end (`factories`: the env factories of a
+    preflight the caller already ran)."""
     ray = require_ray()
-    load_builtins()
-    preflight(cfg)  # every model-free check before the cluster starts
+    if factories is None:
+        factories = preflight(cfg)  # every model-free check before the cluster starts
     t_start = time.perf_counter()
     plan = plan_placement(cfg, reference=needs_reference(cfg), critic=cfg.critic.enable)
     if not ray.is_initialized() and not cfg.runtime.address:
@@ -159,7 +159,7 @@ def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
         actors = Actors()
         try:
             seed_everything(cfg.seed)
-            model, tokenizer, _ = build_policy(cfg, log, tokenizer)  # as the local runtime: same draws
+            model, tokenizer, _ = build_policy(cfg, log, tokenizer, factories)  # as the local runtime: same draws
             t_policy = time.perf_counter()
             run = launch(cfg, plan, pg, model, tokenizer, run_dir, log, actors)
             del model  # the actors hold their own copies
