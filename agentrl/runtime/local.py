@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config, save_config
+from agentrl.hub import offline
 from agentrl.runtime.build import build_trainer
 from agentrl.runtime.preflight import preflight
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
@@ -31,6 +32,7 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
     config changes that alter the run's meaning, and writes config.yaml only once the checkpoint
     has loaded.
     """
+    offline()  # the Python API's runs too: an agent's from_pretrained never waits on the network
     factories = preflight(cfg)
     run_dir = check_folder(cfg)
     # The run computes on runtime.num_threads; the caller's own count comes back at the end.

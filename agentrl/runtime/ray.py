@@ -34,6 +34,7 @@ from typing import Any
 from agentrl.config import Config
 from agentrl.config_runtime import placement_summary
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.hub import offline_env
 from agentrl.metrics import write_summary
 from agentrl.runtime.build import build_policy, needs_reference, seed_everything
 from agentrl.runtime.engine_client import first_line
@@ -62,13 +63,13 @@ def require_ray() -> Any:
 
 def worker_env() -> dict[str, Any]:
     """The job's runtime env: the driver's own import paths (a script's folder, tests/), so actors
-    unpickle the classes it registered."""
+    unpickle the classes it registered, and its Hub offline mode (agentrl/hub.py)."""
     roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     paths = [p for p in sys.path if p and os.path.isdir(p) and not any(
         os.path.realpath(p).startswith(r) for r in roots)]
     # An engine reads its weights with a blocking get on purpose: it must not step meanwhile.
     return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
-                         "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0"}}
+                         "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0", **offline_env()}}
 
 
 def init_cluster(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: str | None = None,
