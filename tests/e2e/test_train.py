@@ -122,6 +122,20 @@ def test_cli_errors_are_one_line(args, expected, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["json", "tabnanny"])  # a module already imported; one only on the import path
+def test_an_imported_file_named_like_another_module_is_refused_in_one_line(tmp_path, name):
+    """A .py file in `imports` becomes the module of its own name: one that would replace
+    another is refused, naming both, before it runs."""
+    (tmp_path / "mine").mkdir()
+    path = tmp_path / "mine" / f"{name}.py"
+    path.write_text("raise RuntimeError('this file must not run')\n")
+    res = _agentrl("train", f"imports=[{path}]", cwd=tmp_path)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+    assert f"{path} would be module '{name}', the name of " in lines[0] and "rename the file" in lines[0]
+    assert "must not run" not in lines[0]
+
+
 def test_yaml_syntax_error_and_config_name(tmp_path):
     (tmp_path / "broken.yaml").write_text("trainer:\n  total_steps: [3\n")
     res = _agentrl("train", "--config-path", str(tmp_path), "--config-name", "broken", cwd=tmp_path)

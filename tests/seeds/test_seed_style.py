@@ -60,7 +60,7 @@ def dataset(tmp_path_factory):
 @pytest.fixture(scope="module")
 def seed_module():
     import_user_modules(Config(imports=[MODULE]))
-    return sys.modules[next(m for m in sys.modules if m.startswith("agentrl_user_areal_math_agent"))]
+    return sys.modules["areal_math_agent"]
 
 
 def test_seed_agent_and_env_train_unchanged_through_the_cli(tmp_path, dataset, seed_module):
