@@ -26,14 +26,14 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
     """The run folder, checked and locked while the run writes it, and every part built: yields
     the trainer to fit, or the summary of a run that is already finished (resume).
 
-    The config's model-free checks come first (a config mistake is the error a user sees, and
-    it leaves no folder behind), then the folder, before any model is built. A new run refuses a
-    folder that holds another run unless `overwrite` (which clears it first); a resume refuses
-    config changes that alter the run's meaning, and writes config.yaml only once the checkpoint
-    has loaded.
+    Every check comes before any model is built. A new run checks its config first (a config
+    mistake is the error a user sees, and leaves no folder behind), then refuses a folder that
+    holds another run unless `overwrite` (which clears it first). A resume first refuses config
+    changes that alter the run's meaning (what such a change breaks is not the error to show),
+    then checks the config, and writes config.yaml only once the checkpoint has loaded.
     """
     offline()  # the Python API's runs too: an agent's from_pretrained never waits on the network
-    factories = preflight(cfg)
+    factories = None if resume else preflight(cfg)
     run_dir = check_folder(cfg)
     # The run computes on runtime.num_threads; the caller's own count comes back at the end.
     with RunLock(run_dir), kept_threads():
@@ -46,6 +46,7 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
                     f"{cfg.trainer.total_steps}); nothing to do: raise trainer.total_steps to train further")
                 yield done
                 return
+            factories = preflight(cfg)
         else:
             prepare_fresh(run_dir, overwrite)
             save_config(cfg, run_dir / "config.yaml")
