@@ -101,13 +101,7 @@ class ModelConfig:
 def check_model_section(cfg: Config) -> None:
     """model.lora and the token budgets: one line naming the field, before anything is built."""
     lora = cfg.model.lora
-    if lora.rank < 0:
-        raise ConfigError(f"model.lora.rank={lora.rank} must be >= 0 (0 turns LoRA off)")
     if lora.enabled:
-        if not lora.alpha > 0:
-            raise ConfigError(f"model.lora.alpha={lora.alpha} must be > 0")
-        if not 0.0 <= lora.dropout < 1.0:
-            raise ConfigError(f"model.lora.dropout={lora.dropout} must be in [0, 1)")
         names = lora.target_modules
         if not names or not all(isinstance(n, str) and n.strip() for n in names):
             raise ConfigError(f"model.lora.target_modules={names} must name at least one linear layer "
@@ -115,8 +109,3 @@ def check_model_section(cfg: Config) -> None:
         if "all-linear" in names and len(names) > 1:
             raise ConfigError(f"model.lora.target_modules={names}: all-linear already names every linear "
                               "layer; give it alone or list the layers")
-    for section in ("actor", "critic"):
-        budget = getattr(cfg, section).max_tokens_per_micro_batch
-        if budget < 0:
-            raise ConfigError(f"{section}.max_tokens_per_micro_batch={budget} must be >= 0 (0 = size "
-                              f"micro-batches by {section}.micro_batch_size)")

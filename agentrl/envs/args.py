@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, shown
+
+# Rewards beyond this are typos: a few summed in float32 losses would overflow to inf.
+REWARD_MAX = 1e6
+# Most moves an env's horizon or generator may take: its optimum and rooms are computed in loops
+# this long before any work (an episode's turns are bounded by max_turns anyway).
+STEPS_MAX = 1000
 
 
 def is_int(x: Any) -> bool:
@@ -18,10 +24,20 @@ def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def is_reward(x: Any) -> bool:
+    """A finite number within +-REWARD_MAX."""
+    return is_number(x) and abs(x) <= REWARD_MAX
+
+
+def is_count(x: Any, lo: int, hi: int) -> bool:
+    """An int (not a bool) in [lo, hi]."""
+    return is_int(x) and lo <= x <= hi
+
+
 def check_arg(env: str, ok: bool, name: str, value: Any, allowed: str) -> None:
     """Raise a ConfigError naming the env's argument, its value and what is allowed."""
     if not ok:
-        raise ConfigError(f"{env}: {name}={value!r} is invalid; {name} must be {allowed}")
+        raise ConfigError(f"{env}: {name}={shown(value)} is invalid; {name} must be {allowed}")
 
 
 def import_extra(module: str, extra: str, who: str) -> Any:

@@ -70,7 +70,7 @@ import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import MAPS, generate_random_map
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as _GymFrozenLake
 
-from agentrl.envs.args import check_arg, is_int, is_number
+from agentrl.envs.args import REWARD_MAX, STEPS_MAX, check_arg, is_count, is_int, is_number, is_reward
 from agentrl.envs.parsing import DIRECTIONS, parse_direction
 from agentrl.errors import ConfigError, EnvError
 from agentrl.registry import register_env
@@ -129,7 +129,10 @@ def optimal_success(P: dict, n_states: int, horizon: int, start: int = 0) -> flo
     goal, cont = _tables(P, n_states)
     value = np.zeros(n_states)
     for _ in range(horizon):
-        value = (goal + cont @ value).max(axis=0)
+        new = (goal + cont @ value).max(axis=0)
+        if np.array_equal(new, value):  # a fixed point: every later step gives it again
+            break
+        value = new
     return float(value[start])
 
 
@@ -229,12 +232,12 @@ class FrozenLakeEnv:
         _check(is_number(frozen_prob) and 0.5 <= frozen_prob <= 1.0,
                "frozen_prob", frozen_prob, "a number from 0.5 to 1.0")
         _check(isinstance(is_slippery, bool), "is_slippery", is_slippery, "True or False")
-        _check(is_int(max_steps) and max_steps >= 1, "max_steps", max_steps, "an int >= 1")
+        _check(is_count(max_steps, 1, STEPS_MAX), "max_steps", max_steps, f"an int from 1 to {STEPS_MAX}")
         rewards = dict(success_reward=success_reward, step_reward=step_reward,
                        hole_reward=hole_reward, format_penalty=format_penalty,
                        progress_reward=progress_reward)
         for name, value in rewards.items():
-            _check(is_number(value), name, value, "a finite number")
+            _check(is_reward(value), name, value, f"a number from -{REWARD_MAX:g} to {REWARD_MAX:g}")
         self.size, self.map_name, self.frozen_prob = size, map_name, float(frozen_prob)
         self.is_slippery, self.max_steps = is_slippery, max_steps
         self.success_reward, self.step_reward = float(success_reward), float(step_reward)

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs.args import check_arg, import_extra, is_int
+from agentrl.envs.args import check_arg, import_extra, is_count
 from agentrl.errors import ConfigError, EnvError, did_you_mean
 from agentrl.registry import register_env
 
@@ -163,7 +163,7 @@ class GemEnv:
         check_arg("gem", isinstance(env_id, str) and bool(env_id), "env_id", env_id,
                   "a GEM registry id such as 'game:Sokoban-v0-easy'")
         check_arg("gem", kwargs is None or isinstance(kwargs, dict), "kwargs", kwargs, "a mapping of gem.make arguments")
-        check_arg("gem", is_int(baseline_plays) and baseline_plays >= 1, "baseline_plays", baseline_plays, "an int >= 1")
+        check_arg("gem", is_count(baseline_plays, 1, 1000), "baseline_plays", baseline_plays, "an int from 1 to 1000")
         self.env_id, self.kwargs, self.baseline_plays = env_id, dict(kwargs or {}), baseline_plays
         self.instructions = f"GEM {env_id}."
         self._random = OwnRandom(0)

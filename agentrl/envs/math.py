@@ -50,15 +50,18 @@ import random
 from collections import Counter
 from typing import Any
 
-from agentrl.envs.args import is_number
+from agentrl.envs.args import REWARD_MAX, is_number, is_reward
 from agentrl.envs.math_grader import shared_grader
 from agentrl.envs.table import read_table
 from agentrl.envs.text import answer_content
-from agentrl.errors import ConfigError, EnvError
+from agentrl.errors import ConfigError, EnvError, shown
 from agentrl.registry import register_env
 
 SUFFIXES = (".jsonl", ".json", ".parquet")  # not CSV: its reader infers types (an answer 0.50 would read 0.5)
 OPERATORS = "+-*"
+OPERAND_MAX = 10**9  # answers stay exact small integers; beyond it a question is mostly digits
+NUM_OPS_MAX = 32
+TIMEOUT_MAX = 3600.0  # seconds for one grading
 
 
 def arithmetic_problem(rng: random.Random, min_operand: int, max_operand: int, num_ops: int,
@@ -109,21 +112,22 @@ class MathEnv:
         format_penalty: float = -0.1,
         timeout: float = 5.0,
     ) -> None:
-        ints = dict(min_operand=min_operand, max_operand=max_operand, num_ops=num_ops)
-        for name, value in ints.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"math: {name}={value!r} must be an integer >= 0")
+        ints = dict(min_operand=(min_operand, OPERAND_MAX), max_operand=(max_operand, OPERAND_MAX),
+                    num_ops=(num_ops, NUM_OPS_MAX))
+        for name, (value, most) in ints.items():
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
+                raise ConfigError(f"math: {name}={shown(value)} must be an integer from 0 to {most}")
         if max_operand < min_operand or num_ops < 1:
             raise ConfigError(f"math: need min_operand <= max_operand and num_ops >= 1, got "
                               f"{min_operand}..{max_operand}, num_ops={num_ops}")
         if not isinstance(ops, str) or not ops or set(ops) - set(OPERATORS):
-            raise ConfigError(f"math: ops={ops!r} must be a non-empty string of operators from {OPERATORS!r}")
+            raise ConfigError(f"math: ops={shown(ops)} must be a non-empty string of operators from {OPERATORS!r}")
         for name, value in dict(correct_reward=correct_reward, wrong_reward=wrong_reward,
                                 format_penalty=format_penalty).items():
-            if not is_number(value):
-                raise ConfigError(f"math: {name}={value!r} must be a finite number")
-        if not is_number(timeout) or timeout <= 0:
-            raise ConfigError(f"math: timeout={timeout!r} must be a number of seconds > 0")
+            if not is_reward(value):
+                raise ConfigError(f"math: {name}={shown(value)} must be a number from -{REWARD_MAX:g} to {REWARD_MAX:g}")
+        if not is_number(timeout) or not 0 < timeout <= TIMEOUT_MAX:
+            raise ConfigError(f"math: timeout={shown(timeout)} must be a number of seconds > 0, at most {TIMEOUT_MAX:g}")
         self.rows = load_problems(dataset_path, question_key, answer_key) if dataset_path else None
         self.min_operand, self.max_operand, self.num_ops, self.ops = min_operand, max_operand, num_ops, ops
         self.correct_reward, self.wrong_reward = float(correct_reward), float(wrong_reward)

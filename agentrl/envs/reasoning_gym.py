@@ -51,7 +51,7 @@ import random
 from collections import Counter
 from typing import Any
 
-from agentrl.envs.args import check_arg, import_extra, is_int, is_number
+from agentrl.envs.args import REWARD_MAX, check_arg, import_extra, is_count, is_number, is_reward
 from agentrl.envs.text import answer_content
 from agentrl.errors import ConfigError, EnvError, did_you_mean
 from agentrl.registry import register_env
@@ -91,11 +91,13 @@ class ReasoningGymEnv:
                   "a reasoning-gym dataset name such as 'chain_sum'")
         check_arg("reasoning_gym", config is None or isinstance(config, dict), "config", config,
                   "a mapping of the dataset's config fields")
-        check_arg("reasoning_gym", is_int(seed) and seed >= 0, "seed", seed, "an int >= 0")
-        check_arg("reasoning_gym", size is None or (is_int(size) and size >= 1), "size", size, "null or an int >= 1")
+        check_arg("reasoning_gym", is_count(seed, 0, 2**63 - 1), "seed", seed, "an int from 0 to 2^63 - 1")
+        # Some datasets generate every item up front: a size is a loop of that length before any work.
+        check_arg("reasoning_gym", size is None or is_count(size, 1, 10**6), "size", size, "null or an int from 1 to 10^6")
         check_arg("reasoning_gym", is_number(success_threshold) and 0 < success_threshold <= 1,
                   "success_threshold", success_threshold, "a number in (0, 1]")
-        check_arg("reasoning_gym", is_number(format_penalty), "format_penalty", format_penalty, "a finite number")
+        check_arg("reasoning_gym", is_reward(format_penalty), "format_penalty", format_penalty,
+                  f"a number from -{REWARD_MAX:g} to {REWARD_MAX:g}")
         config = dict(config or {})
         for reserved in ("seed", "size"):
             check_arg("reasoning_gym", reserved not in config, f"config.{reserved}", config.get(reserved),

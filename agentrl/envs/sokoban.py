@@ -75,7 +75,7 @@ import functools
 import random
 from typing import Any
 
-from agentrl.envs.args import check_arg, is_int, is_number
+from agentrl.envs.args import REWARD_MAX, STEPS_MAX, check_arg, is_count, is_int, is_number, is_reward
 from agentrl.envs.parsing import DIRECTIONS, parse_direction
 from agentrl.envs.sokoban_room import Room, Solution, generate_room, solve
 from agentrl.errors import EnvError
@@ -205,23 +205,23 @@ class SokobanEnv:
         _check(ok, "dim_room", dim_room, "[rows, cols], two ints from 4 to 16 (the wall ring included)")
         rows, cols = dim_room
         _check(is_int(num_boxes) and 1 <= num_boxes <= 4, "num_boxes", num_boxes, "an int from 1 to 4")
-        _check(is_int(max_steps) and max_steps >= 1, "max_steps", max_steps, "an int >= 1")
-        _check(max_solution_moves is None or (is_int(max_solution_moves) and max_solution_moves >= 1),
-               "max_solution_moves", max_solution_moves, "null or an int >= 1")
+        _check(is_count(max_steps, 1, STEPS_MAX), "max_steps", max_steps, f"an int from 1 to {STEPS_MAX}")
+        _check(max_solution_moves is None or is_count(max_solution_moves, 1, STEPS_MAX),
+               "max_solution_moves", max_solution_moves, f"null or an int from 1 to {STEPS_MAX}")
         self.max_moves = min(max_steps, max_solution_moves or max_steps)
         _check(is_int(min_solution_moves) and 1 <= min_solution_moves <= self.max_moves,
                "min_solution_moves", min_solution_moves,
                f"an int from 1 to min(max_steps, max_solution_moves) = {self.max_moves}")
-        _check(num_gen_steps is None or (is_int(num_gen_steps) and num_gen_steps >= 1),
-               "num_gen_steps", num_gen_steps, "null or an int >= 1")
+        _check(num_gen_steps is None or is_count(num_gen_steps, 1, STEPS_MAX),
+               "num_gen_steps", num_gen_steps, f"null or an int from 1 to {STEPS_MAX}")
         _check(is_number(p_change_directions) and 0.0 <= p_change_directions <= 1.0,
                "p_change_directions", p_change_directions, "a number from 0 to 1")
-        _check(is_int(search_depth) and search_depth >= 1, "search_depth", search_depth, "an int >= 1")
+        _check(is_count(search_depth, 1, STEPS_MAX), "search_depth", search_depth, f"an int from 1 to {STEPS_MAX}")
         rewards = dict(step_reward=step_reward, box_on_target_reward=box_on_target_reward,
                        box_off_target_reward=box_off_target_reward, success_reward=success_reward,
                        format_penalty=format_penalty, progress_reward=progress_reward)
         for name, value in rewards.items():
-            _check(is_number(value), name, value, "a finite number")
+            _check(is_reward(value), name, value, f"a number from -{REWARD_MAX:g} to {REWARD_MAX:g}")
         _check(isinstance(show_position, bool), "show_position", show_position, "True or False")
         _check(isinstance(show_neighbours, bool), "show_neighbours", show_neighbours, "True or False")
         _check(isinstance(show_offsets, bool), "show_offsets", show_offsets, "True or False")

@@ -60,7 +60,7 @@ def test_tasks_counts_and_seeds_come_out_as_configured():
      "3 groups, which do not split evenly over 2 tags"),
     (["trainer.eval_episodes=7"], "trainer.eval_episodes=7 gives 7 groups, which do not split evenly"),
     (["train_env_manager.tags=[lake, lake]"], "names a tag twice"),
-    (["train_env_manager.n_groups=[0, 4]"], "every count must be >= 1"),
+    (["train_env_manager.n_groups=[0, 4]"], r"n_groups\[0\]=0 must be a positive integer .*leave a tag out"),
     (["env.max_turns=3"], "both env and custom_envs are set"),
     (["custom_envs.lake.max_turns=0"], "custom_envs.lake.max_turns=0 must be a positive integer"),
     (["custom_envs.lake.agnet.type=chat"], "Did you mean 'custom_envs.lake.agent'"),

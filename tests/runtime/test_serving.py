@@ -17,12 +17,12 @@ from agentrl.runtime.preflight import preflight
     (["engine.kind=remote", "engine.urls=[http://a:1]", "engine.protocol=vllm"], "set engine.weights_dir"),
     (["engine.protocol=triton"], "engine.protocol='triton' is not allowed"),
     (["engine.request_timeout=0"], "engine.request_timeout=0.0 must be > 0"),
-    (["serve.port=70000"], "serve.port=70000 must be in [0, 65535]"),
+    (["serve.port=70000"], "serve.port=70000 is too large; at most 65535 is accepted"),
     (["serve.host=0.0.0.0"], "set serve.api_key too"),
     (["serve.host=127.0.0.1.nip.io"], "set serve.api_key too"),  # loopback by its spelling only: not resolved
-    (["serve.idle_timeout=0"], "serve.idle_timeout=0.0 must be in (0, 3600]"),
+    (["serve.idle_timeout=0"], "serve.idle_timeout=0.0 must be > 0 seconds (at most 3600 seconds)"),
     (["engine.api_key=k", "engine.api_key_file=k.txt"], "engine.api_key and engine.api_key_file are both set"),
-    (["serve.max_tokens=0"], "serve.max_tokens=0 must be in"),
+    (["serve.max_tokens=0"], "serve.max_tokens=0 must be a positive integer"),
 ])
 def test_bad_serving_values_fail_in_one_line(overrides, says):
     with pytest.raises(ConfigError) as err:
