@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
-from agentrl.errors import ConfigError, did_you_mean
+from agentrl.errors import SHOWN_MAX, ConfigError, did_you_mean, shown
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -46,8 +46,36 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# A config is a few hundred values a few levels deep. These bounds stop what no config needs: an
+# alias bomb (600 bytes whose aliases expand to billions of values, which any error line quoting
+# them would print) and nesting deep enough to exhaust Python's recursion.
+YAML_MAX_DEPTH = 64
+YAML_MAX_VALUES = 100_000  # counting each use of an alias as the values it names
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that rejects a key given twice in one mapping (plain YAML keeps the last)."""
+    """yaml.SafeLoader that rejects a key given twice in one mapping (plain YAML keeps the last),
+    nesting deeper than YAML_MAX_DEPTH and aliases that expand beyond YAML_MAX_VALUES values."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > YAML_MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise YamlLimitError(f"nests deeper than {YAML_MAX_DEPTH} levels (line {mark.line + 1})")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None:
+            _expanded_size(node, {}, set())
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[Any, Any] = {}
@@ -64,11 +92,37 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    """Values under `node` with every alias expanded (each node counted once per use), raising
+    YamlLimitError beyond YAML_MAX_VALUES or on an alias inside what it names."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise YamlLimitError("holds an alias inside the value it names (an endless value)")
+    open_.add(key)
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, sizes, open_) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, sizes, open_) + _expanded_size(v, sizes, open_) for k, v in node.value)
+    if size > YAML_MAX_VALUES:
+        raise YamlLimitError(f"expands to more than {YAML_MAX_VALUES} values (each use of an alias repeats "
+                             "what it names); write the values out or use fewer aliases")
+    open_.discard(key)
+    sizes[key] = size
+    return size
+
+
+class YamlLimitError(yaml.YAMLError):
+    """A YAML document beyond what a config needs: too deep, or aliases that expand too far."""
+
+
 class DuplicateKeyError(yaml.YAMLError):
     """A mapping names the same key twice."""
 
     def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark) -> None:
-        super().__init__(f"key {key!r} is given twice (lines {first.line + 1} and {again.line + 1})")
+        super().__init__(f"key {shown(key)} is given twice (lines {first.line + 1} and {again.line + 1})")
         self.key, self.first, self.again = key, first, again
 
 
@@ -78,6 +132,10 @@ def load_yaml(text: str, source: str = "<string>") -> Any:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except DuplicateKeyError as e:
         raise ConfigError(f"{source}: {e}; give each key once") from None
+    except YamlLimitError as e:
+        raise ConfigError(f"{source}: the YAML {e}") from None
+    except ValueError as e:  # a value YAML's constructors cannot make: 5000 digits, a 13th month
+        raise ConfigError(f"{source}: the YAML holds a value it cannot read: {str(e).splitlines()[0][:SHOWN_MAX]}") from None
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -87,7 +145,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ConfigError(f"override '{item}' must look like key=value, e.g. trainer.total_steps=20")
     try:
-        value = load_yaml(raw, f"override '{item}'") if raw.strip() else ""
+        value = load_yaml(raw, f"override {shown(item)}") if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -96,7 +154,7 @@ def parse_override(item: str) -> tuple[str, Any]:
 def from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
     """Build dataclass `cls` from a nested dict, checking every key and type."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {shown(data)}")
     obj = cls()
     for key, value in data.items():
         set_path(obj, f"{key}", value, prefix=prefix)
@@ -111,7 +169,7 @@ def set_path(obj: Any, dotted: str, value: Any, prefix: str = "") -> None:
     if head not in fields:
         valid = [prefix + name for name in fields]
         hint = did_you_mean(full, _all_keys(type(obj), prefix)) or did_you_mean(full, valid)
-        raise ConfigError(f"unknown config key '{prefix}{dotted}'.{hint}")
+        raise ConfigError(f"unknown config key {shown(prefix + dotted)}.{hint}")
     hint_type = _field_types(type(obj))[head]
     current = getattr(obj, head)
     if dataclasses.is_dataclass(current):
@@ -178,39 +236,39 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
                 return coerce(value, arg, name)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"{name}={value!r} is not a {_type_name(tp)}")
+        raise ConfigError(f"{name}={shown(value)} is not a {_type_name(tp)}")
     if origin is Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
             choices = ", ".join(repr(a) for a in allowed)
             hint = did_you_mean(str(value), [str(a) for a in allowed])
-            raise ConfigError(f"{name}={value!r} is not allowed; choose one of {choices}.{hint}")
+            raise ConfigError(f"{name}={shown(value)} is not allowed; choose one of {choices}.{hint}")
         return value
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name}={value!r} must be a list")
+            raise ConfigError(f"{name}={shown(value)} must be a list")
         (item_tp,) = typing.get_args(tp)[:1] or (Any,)
         return [coerce(v, item_tp, f"{name}[{i}]") for i, v in enumerate(value)]
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{name}={value!r} must be a mapping")
+            raise ConfigError(f"{name}={shown(value)} must be a mapping")
         section = _dataclass_in(tp)
         if section is None:
             return dict(value)
         bad = [k for k in value if not isinstance(k, str)]
         if bad:
-            raise ConfigError(f"{name}: names must be strings, got {bad[0]!r}")
+            raise ConfigError(f"{name}: names must be strings, got {shown(bad[0])}")
         return {k: coerce(v if v is not None else {}, section, f"{name}.{k}") for k, v in value.items()}
     if tp is Any:
         return value
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{name}={value!r} must be true or false")
+        raise ConfigError(f"{name}={shown(value)} must be true or false")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{name}={value!r} must be an integer")
+        raise ConfigError(f"{name}={shown(value)} must be an integer")
     if tp is float:
         number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -224,14 +282,14 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
             except ValueError:
                 pass
         if number is None:
-            raise ConfigError(f"{name}={value!r} must be a number")
+            raise ConfigError(f"{name}={shown(value)} must be a number")
         if not math.isfinite(number):  # nan/inf (or 1e400) would turn weights or losses into NaN
-            raise ConfigError(f"{name}={value!r} must be a finite number")
+            raise ConfigError(f"{name}={shown(value)} must be a finite number")
         return number
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{name}={value!r} must be a string")
+        raise ConfigError(f"{name}={shown(value)} must be a string")
     raise AssertionError(f"config field {name} has an unsupported type {tp!r}")
 
 

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable
+from typing import Any
+
+SHOWN_MAX = 200  # characters of a value an error line quotes
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = SHOWN_MAX
+_REPR.maxlong = 60
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 8, 8, 8, 8
 
 
 class AgentRLError(Exception):
@@ -35,6 +44,13 @@ class RolloutError(AgentRLError):
 
 class CheckpointError(AgentRLError):
     """A checkpoint is missing, incomplete or incompatible."""
+
+
+def shown(value: Any) -> str:
+    """repr(value) for an error line: at most about SHOWN_MAX characters, built without expanding
+    what is cut (a value from a config may be a 10 MB string or a deeply shared structure)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= SHOWN_MAX + 20 else text[:SHOWN_MAX] + "..."
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Generic, TypeVar
 
-from agentrl.errors import RegistryError, did_you_mean
+from agentrl.errors import RegistryError, did_you_mean, shown
 
 T = TypeVar("T")
 
@@ -40,7 +40,7 @@ class Registry(Generic[T]):
         except KeyError:
             known = ", ".join(sorted(self._items)) or "(none)"
             raise RegistryError(
-                f"unknown {self.kind} '{name}'.{did_you_mean(name, self._items)} Known: {known}"
+                f"unknown {self.kind} {shown(name)}.{did_you_mean(name, self._items)} Known: {known}"
             ) from None
 
     def names(self) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config
-from agentrl.errors import ConfigError, RegistryError
+from agentrl.errors import ConfigError, RegistryError, shown
 from agentrl.registry import ESTIMATORS, load_builtins
 from agentrl.runtime.envs import check_agents, import_user_modules, make_agent, make_env_factories
 from agentrl.runtime.serving import check_serving
@@ -138,7 +138,7 @@ def _check_tag_args(cfg: Config, tag: str, stand_in: StandInTokenizer) -> None:
     for name, value in args.items():  # the one argument that fails on its own, if any
         alone = _build_error(cfg, tag, {name: value}, stand_in)
         if alone is not None:
-            raise ConfigError(f"{section}.args.{name}={value!r} is rejected by agent type "
+            raise ConfigError(f"{section}.args.{name}={shown(value)} is rejected by agent type "
                               f"'{cfg.agent_for(tag).type}': {alone.split(': ', 1)[-1]}")
     raise ConfigError(error)  # only the arguments together are rejected
 
