@@ -20,10 +20,11 @@ from agentrl.config_algo import (ActorConfig, AlgorithmConfig, CriticConfig, Fil
                                  KLControlConfig, PolicyLossConfig)
 from agentrl.config_checks import BUILTIN_POLICY_LOSSES, validate  # noqa: F401  (BUILTIN_POLICY_LOSSES: re-exported)
 from agentrl.config_model import LoraConfig, ModelConfig, TinyModelConfig, WarmStartConfig  # noqa: F401  (re-exported)
+from agentrl.config_paths import expand_paths
 from agentrl.config_runtime import RuntimeConfig
 from agentrl.config_io import _all_keys, dataclass_docs, from_dict, parse_override, read_yaml, set_path
 from agentrl.config_serve import EngineServing, ServeConfig
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, shown
 from agentrl.health import HealthConfig
 
 
@@ -317,7 +318,7 @@ def moved_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
     for key in [k for k in data["rollout"] if f"rollout.{k}" in MOVED]:
         value = data["rollout"].pop(key)
         if key in engine and engine[key] != value:
-            raise ConfigError(f"{source}: rollout.{key}={value!r} and engine.{key}={engine[key]!r} disagree; "
+            raise ConfigError(f"{source}: rollout.{key}={shown(value)} and engine.{key}={shown(engine[key])} disagree; "
                               f"rollout.{key} is the deprecated name of engine.{key}: keep only engine.{key}")
         engine[key] = value
         new_name(f"rollout.{key}")
@@ -326,6 +327,7 @@ def moved_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
 
 def resolve(cfg: Config) -> None:
     """Set what other fields imply, so the saved config says what the run does."""
+    expand_paths(cfg)
     r, a = cfg.rollout, cfg.actor
     if r.max_staleness > 0 and r.stale_samples == "correct" and a.tis_imp_ratio_cap <= 0:
         a.use_decoupled_loss = True  # stale samples need an off-policy correction

@@ -10,16 +10,15 @@ CPU, where `num_cpus` is what each worker reserves.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Optional
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, shown
 
 if TYPE_CHECKING:
     from agentrl.config import Config
 
-MAX_WORKERS = 4096  # per role: far beyond any cluster this runs on, small enough to build lists of
-MAX_THREADS = 1024  # torch threads per process: beyond any machine's cores, short of exhausting its threads
 WEIGHT_SYNC = ("auto", "object_store", "shm", "nccl", "file")
 
 
@@ -100,29 +99,17 @@ def check_runtime(cfg: Config) -> None:
     """Every runtime check that needs no cluster, one line each; a role whose world_size is left
     at 1 takes one worker per GPU of its device_mapping (ROLL's reading)."""
     rt = cfg.runtime
-    if not 1 <= rt.num_threads <= MAX_THREADS:
-        raise ConfigError(f"runtime.num_threads={rt.num_threads} must be in [1, {MAX_THREADS}] (torch threads "
-                          "per process)")
     roles = {"actor_train": rt.actor_train, "actor_infer": rt.actor_infer, "reference": rt.reference,
              "critic": rt.critic}
     for name, role in roles.items():
         if role.world_size == 1 and len(role.device_mapping) > 1:
             role.world_size = len(role.device_mapping)
         _check_role(f"runtime.{name}", role)
-    if not 1 <= rt.env_managers <= MAX_WORKERS:
-        raise ConfigError(f"runtime.env_managers={rt.env_managers} must be in [1, {MAX_WORKERS}]")
-    if rt.env_manager_num_cpus < 0:
-        raise ConfigError(f"runtime.env_manager_num_cpus={rt.env_manager_num_cpus} must be >= 0")
-    for key in ("placement_timeout", "restart_timeout", "collective_timeout"):
-        if getattr(rt, key) <= 0:
-            raise ConfigError(f"runtime.{key}={getattr(rt, key)} must be > 0 seconds")
-    if rt.max_restarts < 0:
-        raise ConfigError(f"runtime.max_restarts={rt.max_restarts} must be >= 0")
-    if rt.num_cpus is not None and rt.num_cpus <= 0 or rt.num_gpus is not None and rt.num_gpus < 0:
-        raise ConfigError(f"runtime.num_cpus={rt.num_cpus} must be > 0 and runtime.num_gpus={rt.num_gpus} >= 0")
     if rt.kind == "local":
         _check_local(cfg)
         return
+    if rt.address is not None:
+        check_address(rt.address)
     for name in ("reference", "critic"):
         if roles[name].world_size != 1:
             raise ConfigError(f"runtime.{name}.world_size={roles[name].world_size}: the {name} runs as one "
@@ -168,14 +155,26 @@ def check_runtime(cfg: Config) -> None:
                               "broadcast between processes on one GPU: use weight_sync=auto")
 
 
+# auto, HOST:PORT (a cluster's GCS) or ray://HOST[:PORT] (Ray client); HOST a name, IPv4 or [IPv6].
+ADDRESS_FORM = re.compile(r"(?P<client>ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?")
+
+
+def check_address(address: str) -> None:
+    """runtime.address has a form Ray joins: auto, HOST:PORT or ray://HOST[:PORT] (one line otherwise)."""
+    if address == "auto":
+        return
+    m = ADDRESS_FORM.fullmatch(address)
+    port = m and m["port"]
+    if not m or not (port or m["client"]) or port and not 1 <= int(port) <= 65535:
+        raise ConfigError(f"runtime.address={shown(address)} is not a Ray cluster address; give auto, HOST:PORT (the "
+                          "head's GCS, e.g. 10.0.0.1:6379) or ray://HOST:PORT (Ray client, e.g. ray://head:10001), or "
+                          "null to start a local cluster")
+
+
 def _check_role(key: str, role: RoleConfig) -> None:
-    if not 1 <= role.world_size <= MAX_WORKERS:
-        raise ConfigError(f"{key}.world_size={role.world_size} must be in [1, {MAX_WORKERS}]")
-    if role.num_cpus < 0:
-        raise ConfigError(f"{key}.num_cpus={role.num_cpus} must be >= 0")
+    # world_size and the GPU indices were bounded by check_limits; a world_size derived from
+    # device_mapping stays within it since indices are bounded and distinct.
     mapping = role.device_mapping
-    if any(g < 0 or g >= MAX_WORKERS for g in mapping):
-        raise ConfigError(f"{key}.device_mapping={mapping}: GPU indices must be in [0, {MAX_WORKERS})")
     if len(set(mapping)) != len(mapping):
         raise ConfigError(f"{key}.device_mapping={mapping} names a GPU twice; each worker takes one GPU")
     if mapping and len(mapping) != role.world_size:
@@ -187,7 +186,7 @@ def _check_local(cfg: Config) -> None:
     """runtime.kind=local ignores nothing silently: placement fields need kind=ray."""
     rt, default = cfg.runtime, RuntimeConfig()
     for key in ("address", "num_cpus", "num_gpus", "actor_train", "actor_infer", "reference", "critic",
-                "env_managers", "env_manager_num_cpus", "weight_sync", "engine_transport"):
+                "env_managers", "env_manager_num_cpus", "weight_sync", "engine_transport", "temp_dir"):
         if getattr(rt, key) != getattr(default, key):
             raise ConfigError(f"runtime.{key} is set but runtime.kind=local runs every part in this process; "
                               "add runtime.kind=ray to place the run on Ray")

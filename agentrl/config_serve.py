@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Optional
 from urllib.parse import urlsplit
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, shown
 
 if TYPE_CHECKING:  # config.py calls validate_serve; the type only is needed here
     from agentrl.config import Config
@@ -101,27 +101,25 @@ def validate_serve(cfg: Config) -> None:
     if e.kind == "remote" and e.protocol in ("vllm", "sglang") and not e.weights_dir:
         raise ConfigError(f"engine.protocol={e.protocol} loads new weights from disk: set engine.weights_dir to "
                           f"the folder the {e.protocol} servers were started with (a disk they share with training)")
-    if e.request_timeout <= 0:
-        raise ConfigError(f"engine.request_timeout={e.request_timeout} must be > 0 seconds")
-    if not 0 <= e.max_retries <= 100:
-        raise ConfigError(f"engine.max_retries={e.max_retries} must be in [0, 100]")
-    if not 0 <= s.port <= 65535:
-        raise ConfigError(f"serve.port={s.port} must be in [0, 65535] (0 picks a free port)")
     if not s.host.strip():
         raise ConfigError("serve.host must name an interface, e.g. 127.0.0.1")
-    if s.api_key is not None and not s.api_key.strip():
-        raise ConfigError("serve.api_key is empty; give a key or null for none")
+    for name, key in (("engine.api_key", e.api_key), ("serve.api_key", s.api_key)):
+        if key is not None:
+            check_api_key(key, name)
     if not is_loopback(s.host) and s.api_key is None:
-        raise ConfigError(f"serve.host={s.host} is not a loopback address (127.x, ::1 or localhost; a name is "
-                          "not resolved): it would expose the server beyond this machine: set serve.api_key too "
+        raise ConfigError(f"serve.host={shown(s.host)} is not a loopback address (127.x, ::1 or localhost; a name "
+                          "is not resolved): it would expose the server beyond this machine: set serve.api_key too "
                           "(or keep serve.host=127.0.0.1)")
-    if not 0 < s.idle_timeout <= 3600:
-        raise ConfigError(f"serve.idle_timeout={s.idle_timeout} must be in (0, 3600] seconds")
-    for key, low, high in (("max_tokens", 1, 2**24), ("max_n", 1, 1024), ("max_request_bytes", 1024, 2**31),
-                           ("max_weights_bytes", 1024, 2**50), ("max_inflight", 1, 2**20)):
-        value = getattr(s, key)
-        if not low <= value <= high:
-            raise ConfigError(f"serve.{key}={value} must be in [{low}, {high}]")
+
+
+def check_api_key(key: str, name: str) -> None:
+    """A bearer key an HTTP header can carry: printable ASCII, no spaces (the key is never echoed)."""
+    if not key.strip():
+        raise ConfigError(f"{name} is empty; give a key or null for none")
+    bad = next((c for c in key if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ConfigError(f"{name} holds {bad!r} (character {key.index(bad) + 1}): a key travels in an HTTP "
+                          "header, so it may hold only printable ASCII characters without spaces")
 
 
 def check_url(url: str, name: str) -> None:
@@ -130,13 +128,13 @@ def check_url(url: str, name: str) -> None:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as err:
-        raise ConfigError(f"{name}={url!r} is not a URL ({err}); give e.g. http://127.0.0.1:8000") from None
+        raise ConfigError(f"{name}={shown(url)} is not a URL ({err}); give e.g. http://127.0.0.1:8000") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{name}={url!r} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
+        raise ConfigError(f"{name}={shown(url)} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
     if parts.query or parts.fragment:
-        raise ConfigError(f"{name}={url!r}: give the server's base URL, without ?query or #fragment")
+        raise ConfigError(f"{name}={shown(url)}: give the server's base URL, without ?query or #fragment")
     if port == 0:
-        raise ConfigError(f"{name}={url!r}: port 0 is not a server's port")
+        raise ConfigError(f"{name}={shown(url)}: port 0 is not a server's port")
 
 
 def host_address(host: str) -> str:

@@ -16,7 +16,7 @@ from agentrl.config import load_config
 from agentrl.errors import CheckpointError, ConfigError
 from agentrl.models.loading import load_pretrained, save_pretrained
 from agentrl.models.lora import is_adapter_folder, merged
-from agentrl.train.checkpoint import newest_readable
+from agentrl.train.checkpoint_hold import held_newest
 
 
 def export_run(run_dir: Path, out: Path | None = None, overrides: list[str] = (),
@@ -25,20 +25,29 @@ def export_run(run_dir: Path, out: Path | None = None, overrides: list[str] = ()
     (default RUN_DIR/export); returns (checkpoint, folder written)."""
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no config.yaml); give the folder a run wrote")
-    found = newest_readable(run_dir / "checkpoints", warn=log)
-    if found is None:
-        raise CheckpointError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
-    ckpt = found[0]
     out = out or run_dir / "export"
+    for p in [out, *out.parents]:  # the nearest existing folder of out: a file there ends the export now
+        if p.exists():
+            if not p.is_dir():
+                raise ConfigError(f"--out {out}: {p} is a file; give a new or empty folder")
+            break
     if out.exists() and any(out.iterdir()) and not (out / "config.json").is_file():
         # save_pretrained replaces the folder: never let that delete something that is not a model
         raise ConfigError(f"--out {out} exists and is not a model folder; choose a new or empty folder")
     cfg = load_config(run_dir / "config.yaml", list(overrides))
-    if is_adapter_folder(ckpt):
-        from agentrl.runtime.build import build_policy  # the run's base model, as training built it
+    # Held while it is read: a trainer still writing the run may prune it meanwhile.
+    with held_newest(run_dir / "checkpoints", warn=log) as found:
+        if found is None:
+            raise CheckpointError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
+        ckpt, held, _ = found
+        if is_adapter_folder(held):
+            from agentrl.runtime.build import build_policy  # the run's base model, as training built it
 
-        base, tokenizer, _ = build_policy(cfg, log)
-        model = merged(base, ckpt)
-    else:
-        model, tokenizer = load_pretrained(ckpt, cfg.model.dtype)
-    return ckpt, save_pretrained(model, tokenizer, out)
+            base, tokenizer, _ = build_policy(cfg, log)
+            model = merged(base, held)
+        else:
+            model, tokenizer = load_pretrained(held, cfg.model.dtype)
+    try:
+        return ckpt, save_pretrained(model, tokenizer, out)
+    except OSError as e:  # a read-only folder, a full disk: nothing half-written is left as out
+        raise ConfigError(f"--out {out}: cannot write the model there ({e.strerror or e})") from None

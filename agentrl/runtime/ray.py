@@ -40,6 +40,7 @@ from agentrl.runtime.build import build_policy, needs_reference, seed_everything
 from agentrl.runtime.engine_client import first_line
 from agentrl.runtime.placement import HEAD, Plan, check_resources, choose_transport, options, plan_placement, reserve
 from agentrl.runtime.preflight import preflight
+from agentrl.runtime.ray_address import join_cluster
 from agentrl.runtime.warm import model_context
 from agentrl.runtime.workers import RunSpec, model_source, share, user_registrations
 from agentrl.rollout.tasks import mix
@@ -80,7 +81,7 @@ def init_cluster(num_cpus: int | None = None, num_gpus: int | None = None, temp_
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else Ray writes ~/.ray/auth_token and warns
     kwargs: dict[str, Any] = {"logging_level": "ERROR", "runtime_env": worker_env()}
     if address:  # the cluster's own settings (dashboard, folders) are its owner's
-        ray.init(address=address, **kwargs)
+        join_cluster(address, **kwargs)
     else:
         ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, _temp_dir=temp_dir, include_dashboard=False,
                  **kwargs)
