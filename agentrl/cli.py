@@ -122,7 +122,7 @@ def cmd_resume(ns: argparse.Namespace) -> int:
     from agentrl.metrics import summary_table
     from agentrl.runtime.local import train
 
-    run_dir = Path(ns.run_dir)
+    run_dir = _run_dir_arg(ns.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise AgentRLError(f"{run_dir} is not a run folder (no config.yaml); give the folder a run wrote")
     cfg = load_config(run_dir / "config.yaml", [*ns.overrides, f"run_dir={run_dir}"])
@@ -134,28 +134,29 @@ def cmd_resume(ns: argparse.Namespace) -> int:
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    """`agentrl eval RUN_DIR`: the newest checkpoint that loads (a corrupt newer one is skipped)."""
+    """`agentrl eval RUN_DIR`: the newest checkpoint that loads (a corrupt newer one is skipped),
+    held while it is evaluated, so a trainer still writing the run may prune it meanwhile."""
     from agentrl.config import load_config
     from agentrl.metrics import summary_table
     from agentrl.models.lora import is_adapter_folder
     from agentrl.runtime.build import build_trainer
-    from agentrl.train.checkpoint import newest_readable
+    from agentrl.train.checkpoint_hold import held_newest
 
-    run_dir = Path(ns.run_dir)
+    run_dir = _run_dir_arg(ns.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise AgentRLError(f"{run_dir} is not a run folder (no config.yaml); give the folder a run wrote")
-    found = newest_readable(run_dir / "checkpoints", warn=lambda m: print(m, file=sys.stderr))
-    if found is None:
-        raise AgentRLError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
-    ckpt, (weights, _, state) = found
-    adapter = is_adapter_folder(ckpt)  # LoRA: the run's own base model, the checkpoint's adapter
-    cfg = load_config(run_dir / "config.yaml", [*ns.overrides, *([] if adapter else [f"model.path={ckpt}"])])
-    trainer = build_trainer(cfg, run_dir, log=lambda m: print(m, file=sys.stderr))
-    if adapter:
-        trainer.actor.load_weights(weights)
-        trainer.sync()
-    trainer.step_idx = int(state["step"])  # samples.jsonl rows carry the checkpoint's step
-    metrics = trainer.evaluate()
+    with held_newest(run_dir / "checkpoints", warn=lambda m: print(m, file=sys.stderr)) as found:
+        if found is None:
+            raise AgentRLError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
+        ckpt, held, (weights, _, state) = found
+        adapter = is_adapter_folder(held)  # LoRA: the run's own base model, the checkpoint's adapter
+        cfg = load_config(run_dir / "config.yaml", [*ns.overrides, *([] if adapter else [f"model.path={held}"])])
+        trainer = build_trainer(cfg, run_dir, log=lambda m: print(m, file=sys.stderr))
+        if adapter:
+            trainer.actor.load_weights(weights)
+            trainer.sync()
+        trainer.step_idx = int(state["step"])  # samples.jsonl rows carry the checkpoint's step
+        metrics = trainer.evaluate()
     print(summary_table({"checkpoint": ckpt.name, **metrics}))
     return 0
 
@@ -164,10 +165,13 @@ def cmd_view(ns: argparse.Namespace) -> int:
     """`agentrl view RUN_DIR [--serve]`: write the page, print its path, optionally serve it."""
     from agentrl.viewer import make_server, write_page
 
-    page = write_page(ns.run_dir, ns.max_steps, warn=lambda m: print(m, file=sys.stderr))
+    run_dir = _run_dir_arg(ns.run_dir)
+    if not 0 <= ns.port <= 65535:
+        raise AgentRLError(f"--port={ns.port} must be in [0, 65535] (0 picks a free port)")
+    page = write_page(run_dir, ns.max_steps, warn=lambda m: print(m, file=sys.stderr))
     print(page)
     if ns.serve:
-        server = make_server(ns.run_dir, page, ns.port)
+        server = make_server(run_dir, page, ns.port)
         print(f"serving on http://127.0.0.1:{server.server_address[1]}/ (Ctrl-C to stop)", flush=True)
         try:
             server.serve_forever()
@@ -180,12 +184,20 @@ def cmd_view(ns: argparse.Namespace) -> int:
 
 def cmd_export(ns: argparse.Namespace) -> int:
     """`agentrl export RUN_DIR`: the newest checkpoint that loads, as a standalone model folder."""
+    from agentrl.config_paths import user_path
     from agentrl.runtime.export import export_run
 
-    ckpt, out = export_run(Path(ns.run_dir), Path(ns.out) if ns.out else None,
-                           log=lambda m: print(m, file=sys.stderr))
+    out = user_path(ns.out, "--out") if ns.out is not None else None
+    ckpt, out = export_run(_run_dir_arg(ns.run_dir), out, log=lambda m: print(m, file=sys.stderr))
     print(f"exported {ckpt.name} of {ns.run_dir} to {out}")
     return 0
+
+
+def _run_dir_arg(value: str) -> Path:
+    """A RUN_DIR argument as a path (`~` expanded), or one line saying why it cannot be one."""
+    from agentrl.config_paths import user_path
+
+    return user_path(value, "RUN_DIR")
 
 
 _RUN_DIR: list[Path] = []  # the run folder of the running command, for the interrupt message

@@ -53,6 +53,10 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
         with placed(cfg, run_dir, log, tokenizer, factories) as trainer:
             if resume:
                 trainer._restore()
+                if trainer.step_idx == 0:  # nothing to continue: say so rather than start over silently
+                    every = f"every {cfg.trainer.save_freq} steps" if cfg.trainer.save_freq else "at its end"
+                    log(f"agentrl: {run_dir} holds no checkpoint to resume from (this run saves one {every}, "
+                        "trainer.save_freq); training starts at step 0")
                 # Only now is the new config proven to fit the run: write it and record what changed.
                 save_config(cfg, run_dir / "config.yaml")
                 record_resume(run_dir, trainer.step_idx, changes)

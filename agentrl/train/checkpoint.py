@@ -70,15 +70,26 @@ def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, optimizer, sta
                                   f"{left}") from None
         raise
     if final.exists():
-        shutil.rmtree(final)
+        discard(final)
     tmp.rename(final)
     # Prune by step, never by name across runs: checkpoints past this step belong to a timeline
     # this run left (resumed from an earlier one), and only this run's newest `keep` stay.
     older = [p for p in list_checkpoints(ckpt_root) if step_of(p) < step]
     newer = [p for p in list_checkpoints(ckpt_root) if step_of(p) > step]
     for old in older[:max(0, len(older) - (keep - 1))] + newer:
-        shutil.rmtree(old, ignore_errors=True)
+        discard(old)
     return final
+
+
+def discard(ckpt: Path) -> None:
+    """Delete a checkpoint folder; it leaves the listing at once, whole (renamed first), so that a
+    reader holding it (checkpoint_hold.py) never sees it with some files gone."""
+    gone = ckpt.with_name(f".old_{ckpt.name}")
+    try:
+        ckpt.rename(gone)
+    except OSError:
+        gone = ckpt
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def step_of(ckpt: Path) -> int:
@@ -102,10 +113,11 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
 
 
 def remove_partial(ckpt_root: Path) -> None:
-    """Delete the `.tmp_step_N` folders of writes that were cut off."""
+    """Delete the `.tmp_step_N` folders of writes that were cut off (and `.old_step_N` of deletions)."""
     if ckpt_root.is_dir():
-        for p in ckpt_root.glob(f".tmp_{PREFIX}*"):
-            shutil.rmtree(p, ignore_errors=True)
+        for pattern in (f".tmp_{PREFIX}*", f".old_{PREFIX}*"):
+            for p in ckpt_root.glob(pattern):
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def read_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
