@@ -107,12 +107,53 @@ SEMANTIC = [
     ("train_env_manager.n_groups", "[0]"), ("train_env_manager.n_groups", "[1, 2]"), ("val_env_manager.tags", "[x]"),
     ("model.path", "/no/such/model/dir"), ("custom_envs", "abc"), ("trainer.on_collapse", "halt"),
     ("trainer.dump_max_tokens", "0"), ("health.patience", "0"), ("health.reply_repeat", "2"),
+    # values a reliability pass found unchecked: torch failed after the model build, or the run trained on
+    ("critic.lr", "-1"), ("critic.weight_decay", "-1"), ("critic.grad_clip", "-1"), ("critic.cliprange_value", "-1"),
+    ("actor.kl_loss_coef", "-5"), ("actor.entropy_coeff", "-1"), ("rollout.episode_timeout", "1e300"),
+    ("engine.request_timeout", "1e300"), ("algorithm.step_adv_weight", "-1"), ("actor.clip_ratio_low", "1.5"),
+    # sizes far beyond sense that hung in the env's own loops (FrozenLake's value iteration)
+    ("env.args.max_steps", str(10**21)), ("env.args.step_reward", "1.0e+300"),
+    # paths and strings: empty where the field has a meaning, beyond what a file system names, other users' homes
+    ("run_dir", '""'), ("exp_name", '""'), ("output_dir", '""'), ("model.path", '""'), ("model.cache_dir", '""'),
+    ("engine.weights_dir", '""'), ("imports", '[""]'), ("exp_name", "../elsewhere"), ("exp_name", "/an/absolute/path"),
+    ("run_dir", "~no_such_user_xyz/run"), ("model.path", "~no_such_user_xyz/model"),
+    ("model.cache_dir", "~no_such_user_xyz/cache"), ("run_dir", "/tmp/" + "x" * 300), ("output_dir", "x" * 256),
+    ("exp_name", "x" * 300), ("model.cache_dir", "/tmp/" + "x" * 300 + "/cache"), ("model.path", "/" + "x" * 300),
+    ("run_dir", "/tmp" + "/x" * 2100), ("imports", "[/tmp/" + "x" * 300 + ".py]"), ("run_dir", '"a\\0b"'),
+    ("engine.api_key", "ключ"), ("engine.api_key", '"a key"'), ("engine.api_key", '""'), ("serve.api_key", "ключ"),
+    ("runtime.temp_dir", "/tmp/ray"),  # only Ray's: runtime.kind=local would ignore it
 ]
+# Far beyond every bound: a float this size is no learning rate, timeout or coefficient, an int no size.
+FAR = {float: ("-1e30", "1e30"), int: ("-" + str(10**18), str(10**18))}
+
+
+def _numeric_fields() -> dict[str, type]:
+    """{dotted key: int or float} of every numeric leaf field (list items included)."""
+    out = {}
+    for key, tp in _leaf_types().items():
+        base = _base(tp)
+        if typing.get_origin(base) is list:
+            base = _base(typing.get_args(base)[0])
+            key = f"{key}"
+        if base in (int, float):
+            out[key] = base
+    return out
+
+
+def _far_cases() -> list[tuple[str, str]]:
+    cases = []
+    for key, tp in _numeric_fields().items():
+        for value in FAR[tp]:
+            if key == "seed" and not value.startswith("-"):
+                continue  # every seed up to 2^64 - 1 is a seed
+            is_list = typing.get_origin(_base(_leaf_types()[key])) is list
+            cases.append((key, f"[{value}]" if is_list else value))
+    return cases
 
 
 def _cases() -> list[tuple[str, str]]:
     cases = [(key, value) for key, tp in _leaf_types().items() for value in _bad_values(tp)]
-    return cases + SEMANTIC
+    return cases + SEMANTIC + _far_cases()
 
 
 @pytest.fixture
@@ -132,7 +173,7 @@ def _field_in(message: str, key: str) -> bool:
 
 def _run_checks(key: str, value: str, tmp_path: Path) -> AgentRLError:
     with pytest.raises(AgentRLError) as err:
-        cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", [f"{key}={value}", f"run_dir={tmp_path}"])
+        cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", [f"run_dir={tmp_path}", f"{key}={value}"])
         building.build_trainer(cfg, tmp_path, log=lambda m: None)
     return err.value
 
@@ -141,6 +182,29 @@ def test_the_fuzz_covers_every_field():
     keys = {k for k, _ in _cases()}
     assert keys >= set(_leaf_types()), set(_leaf_types()) - keys
     assert len(_cases()) > 600
+    assert {k for k, _ in _far_cases()} == set(_numeric_fields())  # every number, far out of range
+
+
+@pytest.mark.parametrize("shape", [
+    dict(hidden_size=16384, num_hidden_layers=256, num_attention_heads=128, num_key_value_heads=128,
+         intermediate_size=65536),  # each within its own bound: about 1e12 parameters
+    dict(hidden_size=8192, num_hidden_layers=32, num_attention_heads=64, num_key_value_heads=8, intermediate_size=28672),
+])
+def test_a_tiny_model_too_large_as_a_whole_is_one_line(shape, tmp_path, no_model):
+    err = str(_run_checks("model.tiny", "{" + ", ".join(f"{k}: {v}" for k, v in shape.items()) + "}", tmp_path))
+    assert "\n" not in err and "parameters" in err and "model.tiny.hidden_size=" in err and "model.path" in err, err
+
+
+def test_the_tiny_models_parameter_count_is_the_models_own():
+    from agentrl.config_limits import tiny_parameters
+    from agentrl.config_model import TinyModelConfig
+    from agentrl.models.lora import skeleton
+    from agentrl.models.tiny import tiny_config
+
+    for tiny in (TinyModelConfig(), TinyModelConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=8,
+                                                    num_key_value_heads=2, intermediate_size=96, vocab_size=333)):
+        model = skeleton(tiny_config(tiny, tiny.vocab_size))
+        assert tiny_parameters(tiny) == sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("key, value", _cases())
@@ -168,6 +232,35 @@ def test_bad_values_in_a_yaml_file_too(text, key, tmp_path, no_model):
 
 class Reached(Exception):
     """Raised where the model would be built: every model-free check passed."""
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["env.args.max_steps=1000000000000000000000"], "frozen_lake: max_steps=1000000000000000000000 is invalid"),
+    (["env.args={map_name: null, size: 16, is_slippery: true, max_steps: 100000000}"], "max_steps=100000000"),
+    (["env.type=sokoban", "env.args.num_gen_steps=1000000000000"], "sokoban: num_gen_steps=1000000000000"),
+    (["env.type=sokoban", "env.args.search_depth=1000000000000"], "sokoban: search_depth=1000000000000"),
+    (["env.type=sokoban", "env.args.max_steps=1000000000000"], "sokoban: max_steps=1000000000000"),
+    (["env.type=sokoban", "env.args.max_solution_moves=1000000000000"], "sokoban: max_solution_moves="),
+    (["env.type=sokoban", "env.args.success_reward=1.0e+300"], "sokoban: success_reward=1e+300"),
+    (["env.type=math", "env.args.num_ops=1000000000"], "math: num_ops=1000000000"),
+    (["env.type=math", "env.args.max_operand=" + "9" * 400], "math: max_operand=999"),
+    (["env.type=math", "env.args.timeout=1.0e+300"], "math: timeout=1e+300"),
+    (["runtime.kind=ray", "runtime.address=garbage"], "runtime.address='garbage' is not a Ray cluster address"),
+    (["runtime.kind=ray", 'runtime.address=""'], "runtime.address='' is not a Ray cluster address"),
+    (["runtime.kind=ray", "runtime.address=10.0.0.1:70000"], "runtime.address='10.0.0.1:70000' is not a Ray"),
+    (["runtime.kind=ray", "runtime.address=http://head:6379"], "is not a Ray cluster address"),
+])
+def test_sizes_and_addresses_beyond_sense_are_one_line_before_the_model(overrides, expected, tmp_path, no_model):
+    with pytest.raises(AgentRLError) as err:
+        cfg = load_config(None, [*overrides, f"run_dir={tmp_path}"])  # the defaults: env.args left empty
+        building.build_trainer(cfg, tmp_path, log=lambda m: None)
+    assert expected in str(err.value) and "\n" not in str(err.value) and len(str(err.value)) < 1000, str(err.value)
+
+
+def test_ray_addresses_of_every_form_ray_joins_are_accepted():
+    for address in ("auto", "10.0.0.1:6379", "head-node.cluster:6379", "ray://head:10001", "ray://10.0.0.1",
+                    "[::1]:6379"):
+        assert load_config(None, ["runtime.kind=ray", f"runtime.address={address}"]).runtime.address == address
 
 
 def test_the_shipped_configs_pass_the_model_free_checks(tmp_path, monkeypatch):
@@ -210,6 +303,10 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     (["rollout.max_model_len=100000"], "rollout.max_model_len=100000 exceeds the model's context of 2048"),
     (["rollout.max_new_tokens=64", "rollout.max_model_len=32"], "rollout.max_new_tokens=64 leaves no room"),
     (["model.warm_start.batch_size=0"], "model.warm_start.batch_size=0 must be a positive integer"),
+    (["critic.lr=-1"], "critic.lr=-1.0 is out of range; it must be in [0, 10]"),
+    (["actor.kl_loss_coef=-5"], "actor.kl_loss_coef=-5.0 is out of range; it must be in [0, 1000]"),
+    (["model.tiny.hidden_size=16384", "model.tiny.num_hidden_layers=256", "model.tiny.num_attention_heads=128",
+      "model.tiny.num_key_value_heads=128"], "the embedded tiny model takes at most 1e+09"),
 ])
 def test_cli_prints_one_line_and_builds_no_model(args, expected, tmp_path):
     res = _cli("configs/frozen_lake.yaml", *args, f"run_dir={tmp_path / 'run'}", f"model.cache_dir={tmp_path / 'cache'}")
@@ -217,6 +314,31 @@ def test_cli_prints_one_line_and_builds_no_model(args, expected, tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], res.stderr[-2000:]
     assert not (tmp_path / "cache").exists()  # no model was built (or cached)
+
+
+def _alias_bomb(levels: int) -> str:
+    """A few hundred bytes of YAML whose aliases expand to 9^levels strings, under env.args."""
+    text = 'env:\n  args:\n    a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    for i in range(1, levels):
+        text += f"    a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n"
+    return text + f"seed: *a{levels - 1}\n"
+
+
+@pytest.mark.parametrize("text, expected", [
+    (_alias_bomb(9), "expands to more than 100000 values"),  # 9^9 strings: gigabytes once printed
+    ("a: &a [*a]\n", "holds an alias inside the value it names"),
+    ("seed: " + "[" * 5000 + "]" * 5000 + "\n", "nests deeper than 64 levels"),
+    ("seed: " + "9" * 5000 + "\n", "holds a value it cannot read"),
+    ('seed: "' + "x" * 1_000_000 + '"\n', "seed='xxxx"),
+])
+def test_yaml_beyond_what_a_config_needs_is_one_short_line(text, expected, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert len(path.read_bytes()) < 600 or expected.startswith(("nests", "holds a value", "seed="))
+    res = _cli(str(path), f"run_dir={tmp_path / 'run'}")
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and len(lines[0]) < 1000, res.stderr[-2000:]
 
 
 def test_binary_garbage_config_file_is_one_line(tmp_path):

@@ -324,6 +324,64 @@ def test_eval_tags_its_samples_with_the_checkpoints_step(run_copy):
     assert new and {r["step"] for r in new} == {4}
 
 
+# A trainer still writing the run prunes every checkpoint `agentrl eval` could have picked, between
+# its picking one and loading the model from it (where a real trainer beside it may do so).
+PRUNE = """
+import shutil, sys
+from pathlib import Path
+import agentrl.runtime.build as build
+from agentrl.cli import main
+real = build.build_trainer
+def build_trainer(*args, **kwargs):
+    for ckpt in Path(sys.argv[1]).glob("step_*"):
+        shutil.rmtree(ckpt)
+    return real(*args, **kwargs)
+build.build_trainer = build_trainer
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_eval_holds_the_checkpoint_it_picked_while_a_trainer_prunes_it(run_copy):
+    run, _ = run_copy
+    res = subprocess.run([sys.executable, "-c", PRUNE, str(run / "checkpoints"), "eval", str(run)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "step_000004" in res.stdout and "eval/success" in res.stdout
+    assert not list(run.glob(".held-*"))  # the held copy is gone with the eval
+
+
+def test_resuming_a_folder_without_a_checkpoint_says_it_starts_at_step_0(tmp_path, finished):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(finished[0] / "config.yaml", run / "config.yaml")  # a run killed before its first save
+    res = _cli("resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"agentrl: {run} holds no checkpoint to resume from" in res.stderr and "starts at step 0" in res.stderr
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("make_args, expected", [
+    (lambda run, tmp: ["view", str(run), "--serve", "--port", "70000"], "--port=70000 must be in [0, 65535]"),
+    (lambda run, tmp: ["view", str(run), "--serve", "--port", "-1"], "--port=-1 must be in [0, 65535]"),
+    (lambda run, tmp: ["export", str(run), "--out", str(tmp / "a_file")], "is a file; give a new or empty folder"),
+    (lambda run, tmp: ["export", str(run), "--out", str(tmp / "a_file" / "model")], "a_file is a file"),
+    (lambda run, tmp: ["export", str(run), "--out", str(tmp / ("x" * 300))], "is 300 bytes long"),
+    (lambda run, tmp: ["export", str(run), "--out", "~no_such_user_xyz/model"], "names no user's home folder"),
+    (lambda run, tmp: ["eval", str(tmp / ("x" * 300))], "is 300 bytes long"),
+    (lambda run, tmp: ["resume", str(tmp / ("x" * 300))], "is 300 bytes long"),
+    (lambda run, tmp: ["view", str(tmp / ("x" * 300))], "is 300 bytes long"),
+    (lambda run, tmp: ["eval", "~no_such_user_xyz/run"], "names no user's home folder"),
+    (lambda run, tmp: ["train", "configs/frozen_lake.yaml", f"run_dir={tmp / ('x' * 300)}"], "is 300 bytes long"),
+    (lambda run, tmp: ["train", "configs/frozen_lake.yaml", "engine.api_key=ключ"], "engine.api_key holds 'к'"),
+])
+def test_every_commands_paths_and_ports_are_checked_in_one_line(make_args, expected, finished, tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    before = _snapshot(finished[0])
+    line = _one_line(_cli(*make_args(finished[0], tmp_path)))
+    assert expected in line and len(line) < 1000, line
+    assert _snapshot(finished[0]) == before
+
+
 def test_ctrl_c_during_a_checkpoint_write_leaves_no_partial_folder(tmp_path, finished):
     run = tmp_path / "run"
     line = _one_line(_fault("sigint", 2, "train", *_train_args(run, finished[1])), code=128 + signal.SIGINT)
