@@ -17,12 +17,13 @@ from typing import Any, Literal
 
 import yaml
 
+from agentrl.config_paths import user_path
 from agentrl.errors import SHOWN_MAX, ConfigError, did_you_mean, shown
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping, with one-line errors for a missing file or bad syntax."""
-    p = Path(path)
+    p = user_path(str(path), "config file")  # ~ expanded; a name no file system takes is one line
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
