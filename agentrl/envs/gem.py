@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.envs.args import check_arg, import_extra, is_count
-from agentrl.errors import ConfigError, EnvError, did_you_mean
+from agentrl.errors import ConfigError, EnvError, did_you_mean, shown
 from agentrl.registry import register_env
 
 TERMINAL_STATE = "<｜TERMINAL_STATE｜>"  # gem.utils.constants: the observation after a graded answer
@@ -137,14 +137,14 @@ def make_gem(env_id: str, kwargs: dict[str, Any]) -> Any:
 
     if env_id not in ENV_REGISTRY:
         games = ", ".join(sorted(k for k in ENV_REGISTRY if k.startswith("game:") and k.endswith("-easy")))
-        raise ConfigError(f"gem: env_id={env_id!r} is not in GEM's registry.{did_you_mean(env_id, ENV_REGISTRY)} "
+        raise ConfigError(f"gem: env_id={shown(env_id)} is not in GEM's registry.{did_you_mean(env_id, ENV_REGISTRY)} "
                           f"Easy games: {games}")
     try:
         return gem.make(env_id, **kwargs)
     except Exception as e:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # nltk colours its messages
         first = next((line.strip() for line in text.splitlines() if any(c.isalnum() for c in line)), "")
-        raise ConfigError(f"gem: gem.make({env_id!r}, **{kwargs}) failed: {type(e).__name__}: {first}") from None
+        raise ConfigError(f"gem: gem.make({shown(env_id)}, **{shown(kwargs)}) failed: {type(e).__name__}: {first}") from None
 
 
 def join(observation: str, info: dict[str, Any]) -> str:

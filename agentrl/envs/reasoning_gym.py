@@ -53,7 +53,7 @@ from typing import Any
 
 from agentrl.envs.args import REWARD_MAX, check_arg, import_extra, is_count, is_number, is_reward
 from agentrl.envs.text import answer_content
-from agentrl.errors import ConfigError, EnvError, did_you_mean
+from agentrl.errors import ConfigError, EnvError, did_you_mean, shown
 from agentrl.registry import register_env
 
 MAX_ANSWER_CHARS = 4096  # longer answers are invalid: some scorers are slow on huge strings
@@ -70,14 +70,14 @@ def load_dataset(name: str, config: dict[str, Any], seed: int, size: int | None)
         from reasoning_gym.factory import DATASETS
 
         if name not in DATASETS:
-            raise ConfigError(f"reasoning_gym: dataset={name!r} is not a reasoning-gym dataset."
+            raise ConfigError(f"reasoning_gym: dataset={shown(name)} is not a reasoning-gym dataset."
                               f"{did_you_mean(name, DATASETS)} Known: {', '.join(sorted(DATASETS))}")
         try:
             _DATASETS[key] = rg.create_dataset(name, **{**config, "seed": seed, "size": size or UNBOUNDED})
         except (TypeError, ValueError, AssertionError) as e:
             hint = (f" (with args.size null it is asked for {UNBOUNDED} items; set args.size to the number of "
                     "questions it should hold)" if size is None else "")
-            raise ConfigError(f"reasoning_gym: dataset {name!r} rejects config {config}: {type(e).__name__}: "
+            raise ConfigError(f"reasoning_gym: dataset {shown(name)} rejects config {shown(config)}: {type(e).__name__}: "
                               f"{e}{hint}") from None
     return key, _DATASETS[key]
 
