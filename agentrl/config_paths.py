@@ -59,12 +59,24 @@ def check_config_paths(cfg: Config) -> None:
         if value is not None:
             if not value.strip():
                 raise ConfigError(f"{name} is empty; give a path, or null for the default")
-            user_path(value, name)
+            path = user_path(value, name)
+            if name != "run_dir":  # the run folder's own checks come with the run (runtime/run_folder.py)
+                _not_under_a_file(path, value, name)
     for i, entry in enumerate(cfg.imports):
         if not entry.strip():
             raise ConfigError(f"imports[{i}] is empty; give a module name or a .py file")
         if entry.endswith(".py"):
             user_path(entry, f"imports[{i}]")
+
+
+def _not_under_a_file(path: Path, value: str, name: str) -> None:
+    """The folder `name` names is not a file, nor inside one (where nothing can be written)."""
+    for p in [path, *path.parents]:
+        if p.exists():
+            if not p.is_dir():
+                where = "is a file" if p == path else f"is inside {p}, a file"
+                raise ConfigError(f"{name}={shown(value)} {where}; give a folder")
+            return
 
 
 def check_exp_name(name: str) -> None:

@@ -376,6 +376,7 @@ def test_resuming_a_folder_without_a_checkpoint_says_it_starts_at_step_0(tmp_pat
     (lambda run, tmp: ["train", str(tmp / ("x" * 300 + ".yaml"))], "is 305 bytes long"),
     (lambda run, tmp: ["serve", str(tmp / ("x" * 300 + ".yaml"))], "is 305 bytes long"),
     (lambda run, tmp: ["train", "~no_such_user_xyz/c.yaml"], "names no user's home folder"),
+    (lambda run, tmp: ["train", "configs/frozen_lake.yaml", f"model.cache_dir={tmp / 'a_file'}"], "is a file; give a"),
 ])
 def test_every_commands_paths_and_ports_are_checked_in_one_line(make_args, expected, finished, tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
