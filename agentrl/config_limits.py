@@ -1,12 +1,13 @@
 """Bounds on every number of a config, checked before anything is built from it.
 
 `agentrl.config.validate` calls `check_limits` first. `RANGES` gives every numeric field its
-accepted interval (one table, so a new field without a bound fails tests/test_config.py): a size
-is only ever used after it has been bounded here, so `rollout.batch_size=18446744073709551616`
-fails in one line instead of materialising a list of 2^61 group tags, and `critic.lr=-1` fails
-before a model is built instead of in torch. The bounds are generous (far beyond what a run on
-one machine uses); each message names the field, its value and the accepted range. The tiny
-model is also bounded as a whole: every size within its bound can still multiply to terabytes.
+accepted interval (one table: a new numeric field without an entry fails every config load, and
+tests/test_config_fuzz.py tries each one far outside its range). A size is only ever used after
+it has been bounded here, so `rollout.batch_size=18446744073709551616` fails in one line instead
+of materialising a list of 2^61 group tags, and `critic.lr=-1` fails before a model is built
+instead of in torch. The bounds are generous (far beyond what a run on one machine uses); each
+message names the field, its value and the accepted range. The tiny model is also bounded as a
+whole: every size within its bound can still multiply to terabytes.
 """
 
 from __future__ import annotations
