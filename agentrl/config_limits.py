@@ -94,6 +94,7 @@ RANGES: dict[str, Range] = {
     "serve.max_request_bytes": Range(1024, 2**31),
     "serve.max_weights_bytes": Range(1024, 2**50),
     "serve.max_inflight": Range(1, 2**20),
+    "serve.idle_timeout": Range(0.0, 3600.0, lo_open=True, unit=" seconds"),
     # algorithm
     "algorithm.gamma": UNIT,
     "algorithm.lam": UNIT,
@@ -152,6 +153,7 @@ RANGES: dict[str, Range] = {
     "health.input_dependence_min_peak": UNIT,
     "health.mi_inputs": Range(0, 64, "0 turns it off"),
     # runtime
+    "runtime.num_threads": Range(1, 1024, "torch threads per process"),  # beyond any machine's cores
     "runtime.num_cpus": Range(1, 2**20, "or null: this machine's count"),
     "runtime.num_gpus": Range(0, MAX_WORKERS, "or null: the ones Ray detects"),
     "runtime.role.world_size": Range(1, MAX_WORKERS),

@@ -50,11 +50,12 @@ def user_path(value: str, name: str) -> Path:
 
 
 def check_config_paths(cfg: Config) -> None:
-    """Every path of the config (run folder, model, caches, Ray's folder, shared weights, .py imports)."""
+    """Every path of the config (run folder, model, caches, Ray's folder, shared weights, key file, .py imports)."""
     user_path(cfg.output_dir, "output_dir")
     check_exp_name(cfg.exp_name)
     optional = {"run_dir": cfg.run_dir, "model.path": cfg.model.path, "model.cache_dir": cfg.model.cache_dir,
-                "runtime.temp_dir": cfg.runtime.temp_dir, "engine.weights_dir": cfg.engine.weights_dir}
+                "runtime.temp_dir": cfg.runtime.temp_dir, "engine.weights_dir": cfg.engine.weights_dir,
+                "serve.weights_dir": cfg.serve.weights_dir}
     for name, value in optional.items():
         if value is not None:
             if not value.strip():
@@ -62,6 +63,8 @@ def check_config_paths(cfg: Config) -> None:
             path = user_path(value, name)
             if name != "run_dir":  # the run folder's own checks come with the run (runtime/run_folder.py)
                 _not_under_a_file(path, value, name)
+    if cfg.engine.api_key_file is not None:  # a file, read where the key is needed (runtime/serving.py)
+        user_path(cfg.engine.api_key_file, "engine.api_key_file")
     for i, entry in enumerate(cfg.imports):
         if not entry.strip():
             raise ConfigError(f"imports[{i}] is empty; give a module name or a .py file")
@@ -94,8 +97,8 @@ def check_exp_name(name: str) -> None:
 def expand_paths(cfg: Config) -> None:
     """Expand `~` in every path field, so that each part of a run reads the same folder."""
     cfg.output_dir = os.path.expanduser(cfg.output_dir)
-    for section, key in ((cfg, "run_dir"), (cfg.model, "path"), (cfg.model, "cache_dir"),
-                         (cfg.runtime, "temp_dir"), (cfg.engine, "weights_dir")):
+    for section, key in ((cfg, "run_dir"), (cfg.model, "path"), (cfg.model, "cache_dir"), (cfg.runtime, "temp_dir"),
+                         (cfg.engine, "weights_dir"), (cfg.engine, "api_key_file"), (cfg.serve, "weights_dir")):
         value = getattr(section, key)
         if value is not None:
             setattr(section, key, os.path.expanduser(value))
