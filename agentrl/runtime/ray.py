@@ -23,7 +23,6 @@ import copy
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -33,14 +32,13 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.config_runtime import placement_summary
-from agentrl.errors import AgentRLError, ConfigError
-from agentrl.hub import offline_env
+from agentrl.errors import AgentRLError
 from agentrl.metrics import write_summary
 from agentrl.runtime.build import build_policy, needs_reference, seed_everything
 from agentrl.runtime.engine_client import first_line
 from agentrl.runtime.placement import HEAD, Plan, check_resources, choose_transport, options, plan_placement, reserve
 from agentrl.runtime.preflight import preflight
-from agentrl.runtime.ray_address import join_cluster
+from agentrl.runtime.ray_cluster import init_cluster, require_ray
 from agentrl.runtime.warm import model_context
 from agentrl.runtime.workers import RunSpec, model_source, share, user_registrations
 from agentrl.rollout.tasks import mix
@@ -51,40 +49,6 @@ WATCH_SECONDS = 1.0  # how often the driver checks on the trainer ranks
 
 class TrainerRankDied(AgentRLError):
     """A trainer rank died: data-parallel training cannot go on without it."""
-
-
-def require_ray() -> Any:
-    """The ray module, or a one-line error saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("runtime.kind=ray needs Ray: install the extra ray (pip install 'agentrl[ray]')") from None
-    return ray
-
-
-def worker_env() -> dict[str, Any]:
-    """The job's runtime env: the driver's own import paths (a script's folder, tests/), so actors
-    unpickle the classes it registered, and its Hub offline mode (agentrl/hub.py)."""
-    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    paths = [p for p in sys.path if p and os.path.isdir(p) and not any(
-        os.path.realpath(p).startswith(r) for r in roots)]
-    # An engine reads its weights with a blocking get on purpose: it must not step meanwhile.
-    return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
-                         "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0", **offline_env()}}
-
-
-def init_cluster(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: str | None = None,
-                 address: str | None = None) -> None:
-    """ray.init the way agentrl runs it: no dashboard, no token file in the home folder, session
-    files in `temp_dir`, the driver's import paths for every worker."""
-    ray = require_ray()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else Ray writes ~/.ray/auth_token and warns
-    kwargs: dict[str, Any] = {"logging_level": "ERROR", "runtime_env": worker_env()}
-    if address:  # the cluster's own settings (dashboard, folders) are its owner's
-        join_cluster(address, **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, _temp_dir=temp_dir, include_dashboard=False,
-                 **kwargs)
 
 
 @contextlib.contextmanager

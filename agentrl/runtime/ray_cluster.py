@@ -1,4 +1,5 @@
-"""Whether a Ray cluster answers at runtime.address, asked before `ray.init` joins it.
+"""The Ray cluster a run uses: started here, or joined at runtime.address once a Ray cluster
+is known to answer there.
 
 `ray.init(address=...)` waits without end for a GCS that is not there (nothing listening, a
 firewalled host, another service on the port), retrying in C++ where no signal or timeout of
@@ -11,15 +12,51 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from typing import Any
 
 from agentrl.config_runtime import ADDRESS_FORM
 from agentrl.errors import ConfigError
+from agentrl.hub import offline_env
 from agentrl.runtime.engine_client import first_line
 
 CONNECT_SECONDS = 10.0
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # then an empty SETTINGS frame
 _SETTINGS = 4  # HTTP/2 frame type, byte 3 of a frame header
+
+
+def require_ray() -> Any:
+    """The ray module, or a one-line error saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("runtime.kind=ray needs Ray: install the extra ray (pip install 'agentrl[ray]')") from None
+    return ray
+
+
+def worker_env() -> dict[str, Any]:
+    """The job's runtime env: the driver's own import paths (a script's folder, tests/), so actors
+    unpickle the classes it registered, and its Hub offline mode (agentrl/hub.py)."""
+    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    paths = [p for p in sys.path if p and os.path.isdir(p) and not any(
+        os.path.realpath(p).startswith(r) for r in roots)]
+    # An engine reads its weights with a blocking get on purpose: it must not step meanwhile.
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+                         "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0", **offline_env()}}
+
+
+def init_cluster(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: str | None = None,
+                 address: str | None = None) -> None:
+    """ray.init the way agentrl runs it: no dashboard, no token file in the home folder, session
+    files in `temp_dir`, the driver's import paths for every worker."""
+    ray = require_ray()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # else Ray writes ~/.ray/auth_token and warns
+    kwargs: dict[str, Any] = {"logging_level": "ERROR", "runtime_env": worker_env()}
+    if address:  # the cluster's own settings (dashboard, folders) are its owner's
+        join_cluster(address, **kwargs)
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, _temp_dir=temp_dir, include_dashboard=False,
+                 **kwargs)
 
 
 def join_cluster(address: str, **kwargs: Any) -> None:
