@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import difflib
+import threading
 from collections.abc import Iterable
 
 
@@ -49,3 +51,35 @@ class TrainingError(AgentRLError):
 
 class CollapseError(AgentRLError):
     """A collapse alarm stopped the run (trainer.on_collapse=stop); the folder is resumable."""
+
+
+class UserExit(AgentRLError):
+    """Env or agent code raised SystemExit, KeyboardInterrupt or another BaseException that is not an
+    Exception. Carried as an ordinary exception so that it fails its episode: asyncio re-raises the
+    first two out of its event loop, which would end the whole run with nothing said."""
+
+
+def as_failure(e: BaseException) -> BaseException:
+    """`e` as an episode may fail with it: a BaseException raised by user code becomes a UserExit
+    (naming it); returned unchanged when it is an Exception already or must propagate: asyncio's
+    own cancellation (a timeout, a stop), GeneratorExit, and a KeyboardInterrupt on the main
+    thread, where a real Ctrl-C arrives."""
+    if isinstance(e, Exception) or isinstance(e, GeneratorExit):
+        return e
+    if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+        return e
+    if isinstance(e, asyncio.CancelledError) and _being_cancelled():
+        return e
+    failure = UserExit(f"{type(e).__name__}{f': {e}' if str(e) else ''}")
+    failure.__cause__ = e
+    return failure
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task was asked to stop (Python >= 3.11 can tell; before, assume so)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return True
+    cancelling = getattr(task, "cancelling", None)
+    return task is None or cancelling is None or cancelling() > 0
