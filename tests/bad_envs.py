@@ -30,6 +30,7 @@ FAULTS = {
     "list_info": ("step returns a list as info", "info is list"),
     "string_metric": ("info['metrics'] holds a string", "info['metrics'] has"),
     "short_step": ("step returns a 3-tuple", "returned ("),
+    "huge_reward": ("step returns the int 10**400 as reward (no float holds it)", "reward=100000"),
 }
 ESCAPES = {
     # fault: (what step does, words the error must contain)
@@ -97,6 +98,8 @@ class BadLake:
             reward = math.nan
         elif f == "inf_reward":
             reward = math.inf
+        elif f == "huge_reward":
+            reward = 10**400
         elif f == "dict_obs_step":
             obs = {"board": obs}
         elif f == "int_flag":

@@ -60,12 +60,14 @@ def trajectory_problem(t: Trajectory, task: Task, vocab_size: int | None = None,
         bad = next(m for m in t.loss_mask if m not in (0, 1))
         return f"returned loss_mask value {short(bad)}; expected 0 or 1 per id"
     for i, (m, lp, v) in enumerate(zip(t.loss_mask, t.logprobs, t.versions)):
+        if not _is_float32(lp):  # 0 where not generated: a NaN there still poisons a masked sum
+            return f"returned logprob {short(lp)} for {'generated ' if m else ''}id {i}; expected a finite number"
+        if not _is_int(v) or not -1 <= v < 2**62:
+            return f"returned policy version {short(v)} for id {i}; expected an int (-1 where not generated)"
         if not m:
             continue
-        if not is_finite_number(lp):
-            return f"returned logprob {short(lp)} for generated id {i}; expected a finite number"
-        if not _is_int(v) or v < 0:
-            return f"returned policy version {short(v)} for generated id {i}; expected the engine's version (an int >= 0)"
+        if v < 0:
+            return f"returned policy version {v} for generated id {i}; expected the engine's version (an int >= 0)"
         if versions is not None and not versions[0] <= v <= versions[1]:
             span = f"{versions[0]}" if versions[0] == versions[1] else f"{versions[0]}..{versions[1]}"
             return (f"returned policy version {v} for generated id {i}, but the engine served version {span} "
@@ -73,7 +75,7 @@ def trajectory_problem(t: Trajectory, task: Task, vocab_size: int | None = None,
     if len(t.rewards) != len(t.reward_positions):
         return f"returned {len(t.rewards)} rewards for {len(t.reward_positions)} reward positions"
     for r, pos in zip(t.rewards, t.reward_positions):
-        if not is_finite_number(r):
+        if not _is_float32(r):
             return f"returned reward {short(r)}; expected a finite number"
         if not _is_int(pos) or not -1 <= pos < n:
             return f"returned reward position {short(pos)}; expected an index into its {n} token ids (or -1)"
@@ -92,11 +94,17 @@ def trajectory_problem(t: Trajectory, task: Task, vocab_size: int | None = None,
         return f"returned truncation_reason={short(t.truncation_reason)}; expected a string or None"
     if t.group_id != task.group_id or t.env_seed != task.env_seed:
         return (f"returned a trajectory of group {short(t.group_id)}, env seed {short(t.env_seed)} for the task of "
-                f"group {task.group_id}, env seed {task.env_seed} (build it with Trajectory.from_record(record, task, ...))")
-    if t.reward_baseline is not None and not is_finite_number(t.reward_baseline):
+                f"group {task.group_id}, env seed {task.env_seed} (build it with "
+                "Trajectory.from_record(record, task, ...))")
+    if t.reward_baseline is not None and not _is_float32(t.reward_baseline):
         return f"returned reward_baseline={short(t.reward_baseline)}; expected a finite number or None"
     return None
 
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_float32(x: Any) -> bool:
+    """A finite number that stays finite as float32 (what the batch holds)."""
+    return is_finite_number(x) and abs(float(x)) < 3.0e38

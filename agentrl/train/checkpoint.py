@@ -107,9 +107,9 @@ def _write_failure(ckpt_root: Path, step: int, e: Exception, written: int) -> st
     except OSError:
         free = None
     need = _folder_bytes(kept) if kept else written
-    space = ""
-    if free is not None:
-        space = f"; {_mb(free)} free there, a checkpoint needs about {_mb(need)}" if need else f"; {_mb(free)} free there"
+    space = "" if free is None else f"; {_mb(free)} free there"
+    if free is not None and need:
+        space += f", a checkpoint needs about {_mb(need)}"
     return (f"could not write checkpoint step {step} in {ckpt_root}: {type(e).__name__}: {why}{space}; {left}; "
             f"free some space and continue with `agentrl resume {ckpt_root.parent}`")
 
