@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from agentrl.metrics import read_jsonl
-from agentrl.train.checkpoint import write_manifest
 
 from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
 
@@ -207,6 +206,8 @@ def test_resume_refuses_a_change_of_the_runs_meaning_and_keeps_the_folder(run_co
 
 def test_resume_with_a_checkpoint_that_does_not_fit_the_model_is_one_line_and_harmless(run_copy):
     from safetensors.torch import load_file, save_file
+
+    from agentrl.train.checkpoint import write_manifest
 
     run, _ = run_copy
     ckpt = run / "checkpoints" / "step_000004"
