@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agentrl.config import Config
 
 MAX_WORKERS = 4096  # per role: far beyond any cluster this runs on, small enough to build lists of
+MAX_THREADS = 1024  # torch threads per process: beyond any machine's cores, short of exhausting its threads
 WEIGHT_SYNC = ("auto", "object_store", "shm", "nccl", "file")
 
 
@@ -32,7 +33,8 @@ class RoleConfig:
     """Global GPU indices, one per worker; lists that overlap between roles colocate them on those
     GPUs. Empty: the role runs on CPU."""
     num_cpus: float = 1.0
-    """Logical CPUs each worker reserves; its torch uses that many threads (at least 1)."""
+    """Logical CPUs each worker reserves from Ray's scheduler (its torch threads are
+    runtime.num_threads, the same in every process of a run)."""
 
 
 @dataclass
@@ -42,6 +44,12 @@ class RuntimeConfig:
     kind: Literal["local", "ray"] = "local"
     """local: every part in this process. ray: trainer ranks, engines, env managers (and the critic
     and reference when used) as Ray actors; needs the `ray` extra."""
+    num_threads: int = 1
+    """torch's intra-op CPU threads in every process of the run (this one, and each Ray actor): CPU
+    kernels split their sums by thread count, so a fixed count gives the same metrics in both
+    runtimes and on any machine, whatever its cores or OMP_NUM_THREADS. 1 by default: what a Ray
+    actor of 1 CPU runs, and faster than 2 on a busy 2-core machine; raise it for large models on
+    CPU (a Ray actor then runs more threads than the CPUs it reserves)."""
     address: Optional[str] = None
     """Ray cluster to join (ray.init(address=...), e.g. auto or ray://head:10001); null starts a
     local cluster for the run and stops it at the end."""
@@ -92,6 +100,9 @@ def check_runtime(cfg: Config) -> None:
     """Every runtime check that needs no cluster, one line each; a role whose world_size is left
     at 1 takes one worker per GPU of its device_mapping (ROLL's reading)."""
     rt = cfg.runtime
+    if not 1 <= rt.num_threads <= MAX_THREADS:
+        raise ConfigError(f"runtime.num_threads={rt.num_threads} must be in [1, {MAX_THREADS}] (torch threads "
+                          "per process)")
     roles = {"actor_train": rt.actor_train, "actor_infer": rt.actor_infer, "reference": rt.reference,
              "critic": rt.critic}
     for name, role in roles.items():

@@ -10,6 +10,7 @@ still before any model is built.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Optional
 from urllib.parse import urlsplit
@@ -18,8 +19,6 @@ from agentrl.errors import ConfigError
 
 if TYPE_CHECKING:  # config.py calls validate_serve; the type only is needed here
     from agentrl.config import Config
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass
@@ -37,6 +36,10 @@ class EngineServing:
     versions, weights over HTTP), vllm (/inference/v1/generate), sglang (/generate)."""
     api_key: Optional[str] = None
     """Bearer key the servers expect (their serve.api_key); null sends none."""
+    api_key_file: Optional[str] = None
+    """A file holding the key instead (its first line): the admin key file an `agentrl serve`
+    without serve.api_key writes to its run folder (RUN_DIR/serve-PORT.key), which pushing
+    weights to it needs. The key stays out of the run's saved config."""
     request_timeout: float = 600.0
     """Seconds one request to a server may take before it counts as failed."""
     max_retries: int = 3
@@ -53,11 +56,14 @@ class ServeConfig:
     """`agentrl serve`: the HTTP server of the policy (OpenAI routes, vLLM's token route, sessions)."""
 
     host: str = "127.0.0.1"
-    """Interface to bind; loopback unless told otherwise (another address needs serve.api_key)."""
+    """Interface to bind. Loopback (127.x, ::1, localhost) unless serve.api_key is set: decided by
+    the address bound, offline, so a name only a resolver knows (127.0.0.1.nip.io) needs the key."""
     port: int = 8000
     """TCP port; 0 picks a free one (printed at start)."""
     api_key: Optional[str] = None
-    """Requests must send `Authorization: Bearer <api_key>` (401 otherwise); null: no key."""
+    """Requests must send `Authorization: Bearer <api_key>` on every route but /health (401
+    otherwise). Null: the generation routes are open to this machine, and the control routes
+    (weights, state, cache, metrics) take the admin key made at start-up instead."""
     served_model_name: Optional[str] = None
     """The model id in /v1/models (vLLM's name); null: the folder name of model.path, or agentrl."""
     max_tokens: int = 2048
@@ -65,14 +71,19 @@ class ServeConfig:
     max_n: int = 16
     """Most choices (n) per request."""
     max_request_bytes: int = 2_000_000
-    """Largest request body (weights excepted); a larger one is answered 413."""
+    """Largest request body (weights excepted); a larger one is answered 413, counted as it streams in."""
     max_weights_bytes: int = 64_000_000_000
-    """Largest streamed weights body of the weight-update route."""
+    """Largest weights body; the served model's own size (its tensors in their dtype or float32,
+    plus the header) caps it further, counted as it streams in."""
     max_inflight: int = 4096
     """Most generation requests in progress at once; beyond it requests are answered 429."""
-    allow_weights_from_path: bool = True
-    """Let the weight-update route load a safetensors file path on the server's disk (with the
-    API key); false accepts only weights streamed in the request body."""
+    weights_dir: Optional[str] = None
+    """A folder the weight-update route may load safetensors files from (JSON `{path, version}`:
+    a run's engine.weights_dir on a disk both share); null: weights come in the request body only.
+    A path outside the folder (a link leading out included) is answered as a missing file is."""
+    idle_timeout: float = 30.0
+    """Seconds a connection may keep the server waiting (for a request's head, the rest of its body,
+    or the next request) before the server closes it."""
 
 
 def validate_serve(cfg: Config) -> None:
@@ -83,6 +94,8 @@ def validate_serve(cfg: Config) -> None:
                           "(start one with `agentrl serve CONFIG`)")
     for i, url in enumerate(e.urls):
         check_url(url, f"engine.urls[{i}]")
+    if e.api_key is not None and e.api_key_file is not None:
+        raise ConfigError("engine.api_key and engine.api_key_file are both set; give the key one way")
     if len(set(e.urls)) != len(e.urls):
         raise ConfigError(f"engine.urls={e.urls} names a server twice; list each once")
     if e.kind == "remote" and e.protocol in ("vllm", "sglang") and not e.weights_dir:
@@ -99,8 +112,11 @@ def validate_serve(cfg: Config) -> None:
     if s.api_key is not None and not s.api_key.strip():
         raise ConfigError("serve.api_key is empty; give a key or null for none")
     if not is_loopback(s.host) and s.api_key is None:
-        raise ConfigError(f"serve.host={s.host} exposes the server beyond this machine: set serve.api_key too "
+        raise ConfigError(f"serve.host={s.host} is not a loopback address (127.x, ::1 or localhost; a name is "
+                          "not resolved): it would expose the server beyond this machine: set serve.api_key too "
                           "(or keep serve.host=127.0.0.1)")
+    if not 0 < s.idle_timeout <= 3600:
+        raise ConfigError(f"serve.idle_timeout={s.idle_timeout} must be in (0, 3600] seconds")
     for key, low, high in (("max_tokens", 1, 2**24), ("max_n", 1, 1024), ("max_request_bytes", 1024, 2**31),
                            ("max_weights_bytes", 1024, 2**50), ("max_inflight", 1, 2**20)):
         value = getattr(s, key)
@@ -123,6 +139,19 @@ def check_url(url: str, name: str) -> None:
         raise ConfigError(f"{name}={url!r}: port 0 is not a server's port")
 
 
+def host_address(host: str) -> str:
+    """What binding `host` binds: an IP literal as given, localhost as 127.0.0.1 (RFC 6761: never
+    sent to a resolver), any other name as the system resolves it then."""
+    name = host.strip()
+    return "127.0.0.1" if name.lower().rstrip(".") == "localhost" else name
+
+
 def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps the server on this machine."""
-    return host in LOOPBACK or host.startswith("127.")
+    """Whether binding `host` keeps the server on this machine, decided without the network: only
+    an address (or localhost) is known offline; a name a resolver must answer counts as outside."""
+    try:
+        ip = ipaddress.ip_address(host_address(host))
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is loopback, though Python < 3.13 says not
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)

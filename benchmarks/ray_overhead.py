@@ -2,8 +2,8 @@
 costs per MB.
 
 (1) Per-step overhead: `configs/frozen_lake.yaml` for `--steps` steps, the same seed and the same
-    warm-started model (model.path), run by the local runtime (with as many torch threads as
-    each actor uses, `--local-threads`) and by runtime.kind=ray with
+    warm-started model (model.path), every process on `--threads` torch threads
+    (runtime.num_threads), run by the local runtime and by runtime.kind=ray with
     `--replicas` engines and `--managers` env managers; mean perf/step_seconds over the steps
     after the first, the stages it splits into (collect, update, sync), eval success after, and
     Ray's start-up (cluster, placement group, actors); the Ray run twice, its env managers
@@ -52,7 +52,8 @@ def run_one(name: str, args: argparse.Namespace, model: Path, folder: Path, extr
     if name == "ray_http":
         extra = [*extra, "runtime.engine_transport=http"]
     over = [f"model.path={model}", f"run_dir={folder / name}", f"trainer.total_steps={args.steps}",
-            "trainer.progress=false", "trainer.logger=[jsonl]", f"runtime.kind={kind}", *extra]
+            "trainer.progress=false", "trainer.logger=[jsonl]", f"runtime.kind={kind}",
+            f"runtime.num_threads={args.threads}", *extra]
     if not args.learn:
         over += ["trainer.test_freq=0", "trainer.eval_episodes=8"]
     if kind == "ray":
@@ -140,8 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--receivers", type=int, default=2, help="engines receiving the weights")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-runs", action="store_true", help="only the weight-sync measurement")
-    p.add_argument("--local-threads", type=int, default=1,
-                   help="torch threads of the local run: 1, as each Ray actor of 1 CPU uses (same kernels)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="runtime.num_threads: torch threads of every process, local and each Ray actor")
     args = p.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     folder = Path(tempfile.mkdtemp(prefix="agentrl-bench-"))
@@ -150,9 +151,8 @@ def main(argv: list[str] | None = None) -> dict:
     load_policy(cfg, make_env_factories(cfg), log=lambda m: print(f"  {m}", file=sys.stderr))
     model = cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
     summary: dict = {"cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 1), "steps": args.steps,
-                     "replicas": args.replicas, "managers": args.managers, "local_threads": args.local_threads}
+                     "replicas": args.replicas, "managers": args.managers, "threads": args.threads}
     if not args.skip_runs:
-        torch.set_num_threads(args.local_threads)
         runs = {name: run_one(name, args, model, folder, []) for name in ("local", "ray", "ray_http")}
         for name, r in runs.items():
             print(f"{name:8s} {json.dumps(r)}", flush=True)

@@ -22,9 +22,16 @@ from agentrl.llm.sessions import Choice
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     """OpenAI's error object."""
-    kind = {401: "authentication_error", 404: "not_found_error", 413: "request_too_large",
+    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
             429: "rate_limit_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return {"error": {"message": _printable(message), "type": kind, "param": param and _printable(param),
+                      "code": code}}
+
+
+def _printable(text: str) -> str:
+    """`text` as valid UTF-8: a lone surrogate a request smuggled in (JSON's \\ud800) is escaped,
+    not left to fail the response's encoding."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def new_id(prefix: str) -> str:

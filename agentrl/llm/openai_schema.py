@@ -23,11 +23,13 @@ INT64 = 2**63 - 1
 
 
 class RequestError(Exception):
-    """A request the server refuses: HTTP status, one-line message, the offending parameter."""
+    """A request the server refuses: HTTP status, one-line message, the offending parameter, and
+    whether the connection must close after the answer (its body was not read to the end)."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, *,
+                 close: bool = False) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.close = status, message, param, code, close
 
 
 class _Strict(BaseModel):
@@ -121,7 +123,7 @@ class AgentrlGenerateRequest(_Strict):
 
 
 class WeightsRequest(_Strict):
-    """POST /agentrl/weights as JSON: a safetensors file on the server's disk, and the new version."""
+    """POST /agentrl/weights as JSON: a safetensors file in the server's serve.weights_dir, and the new version."""
 
     path: str
     version: int = Field(ge=0, le=INT64)

@@ -291,25 +291,35 @@ def _message(resp: httpx.Response) -> str:
     return str(data)[:300]
 
 
+KEY_HINT = ("set engine.api_key to the server's serve.api_key, or engine.api_key_file to the admin key file an "
+            "`agentrl serve` without one printed at start (RUN_DIR/serve-PORT.key)")
+
+
 def check_server(url: str, protocol: str, api_key: str | None = None, timeout: float = 5.0) -> str | None:
-    """Why the server at `url` cannot serve (one line), or None when it answers its health route."""
+    """Why the server at `url` cannot serve (one line), or None when it answers its health route
+    (and, an agentrl server, takes the key on its control routes: an empty prefix-cache reset)."""
     wire = WIRES[protocol]()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    base = url.rstrip("/")
     try:
-        resp = httpx.get(url.rstrip("/") + wire.health, headers=headers, timeout=timeout)
-        info = httpx.get(url.rstrip("/") + "/agentrl/info", headers=headers, timeout=timeout) \
+        resp = httpx.get(base + wire.health, headers=headers, timeout=timeout)
+        info = httpx.get(base + "/agentrl/info", headers=headers, timeout=timeout) \
             if protocol == "agentrl" and resp.status_code < 400 else None
+        admin = httpx.post(base + wire.reset_path, json={}, headers=headers, timeout=timeout) \
+            if info is not None and info.status_code == 200 else None
     except httpx.HTTPError as e:
         return f"does not answer ({type(e).__name__}: {e})" if str(e) else f"does not answer ({type(e).__name__})"
     if resp.status_code == 401:
-        return "refused the API key (set engine.api_key to the server's serve.api_key)"
+        return f"refused the API key ({KEY_HINT})"
     if resp.status_code >= 400:
         return f"answered {wire.health} with HTTP {resp.status_code}: {_message(resp)}"
     if info is not None:
         if info.status_code == 401:
-            return "refused the API key (set engine.api_key to the server's serve.api_key)"
+            return f"refused the API key ({KEY_HINT})"
         if info.status_code != 200:
             return f"is not an `agentrl serve` server (/agentrl/info: HTTP {info.status_code}); check engine.protocol"
+    if admin is not None and admin.status_code == 401:
+        return f"refused the admin key that pushing weights needs ({KEY_HINT})"
     return None
 
 

@@ -9,14 +9,17 @@ and per-episode sessions for agents written against the `openai` client.
     POST /agentrl/generate              token ids in, Completion out (every SamplingParams field, per-id versions)
     POST /agentrl/weights               new weights: JSON {path, version} or a safetensors body (?version=N)
     GET  /agentrl/info | POST /agentrl/state | /agentrl/reset_prefix_cache | /agentrl/metrics
+    (weights, state, reset and metrics change the server: they always take a key, server_guard.py)
     POST /sessions, GET|DELETE /sessions/<id>, POST /sessions/<id>/reward,
          /sessions/<id>/v1/models, /sessions/<id>/v1/chat/completions
 
-`build_app(engine, tokenizer, cfg)` makes the app; `start_server(...)` runs one on a background
-thread (port 0: a free one) and returns a `ServerHandle` (`.url`, `.stop()`), for `agentrl
-serve`, tests and Ray actors; `session_server()` runs one in the current event loop for the
-sessions of a training run (loopback, a random key). Handlers reach the engine in the loop it lives in (`engine_loop`; None: the
-server's own), never through a second engine. Every malformed request gets a 4xx JSON error and
+`build_app(engine, tokenizer, cfg)` makes the app (with a random admin key when cfg has no
+api_key); `start_server(...)` runs one on a background thread (port 0: a free one) and returns a
+`ServerHandle` (`.url`, `.admin_key`, `.stop()`), for `agentrl serve`, tests and Ray actors;
+`session_server()` runs one in the current event loop for the sessions of a training run
+(loopback, a random key). Without a key a server binds only a loopback address. Handlers reach
+the engine in the loop it lives in (`engine_loop`; None: the server's own), never through a
+second engine. Every malformed request gets a 4xx JSON error and
 the server keeps serving; the routes themselves are in server_routes.py.
 """
 
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import secrets
 import socket
 import ssl
@@ -37,14 +39,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentrl.config_serve import ServeConfig
+from agentrl.config_serve import ServeConfig, host_address, is_loopback
 from agentrl.errors import EngineError
 from agentrl.llm.chat_messages import MessageError
 from agentrl.llm.openai_format import error_body
 from agentrl.llm.openai_schema import RequestError
+from agentrl.llm.server_guard import Guard, TimedH11Protocol
 from agentrl.llm.sessions import SessionStore, in_loop
-
-OPEN_PATHS = ("/health",)  # answered without the API key (load balancers, readiness probes)
 
 
 @dataclass
@@ -57,6 +58,7 @@ class ServerState:
     model_name: str
     engine_loop: asyncio.AbstractEventLoop | None = None  # None: the server's own loop
     sessions: SessionStore = field(default_factory=SessionStore)
+    admin_key: str = ""  # what the control routes take: cfg.api_key, or one made at start-up
     inflight: int = 0
 
     async def call(self, fn: Any, *args: Any) -> Any:
@@ -82,13 +84,14 @@ def build_app(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, *, mo
     cfg = cfg or ServeConfig()
     app = FastAPI(title="agentrl", docs_url=None, redoc_url=None, openapi_url=None)
     state = ServerState(engine, tokenizer, cfg, model_name or cfg.served_model_name or "agentrl", engine_loop,
-                        sessions or SessionStore())
+                        sessions or SessionStore(), admin_key=cfg.api_key or secrets.token_urlsafe(32))
     app.state.agentrl = state
-    app.add_middleware(Guard, key=cfg.api_key.encode() if cfg.api_key else None)
+    app.add_middleware(Guard, key=cfg.api_key, admin_key=state.admin_key, idle_timeout=cfg.idle_timeout)
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, e: RequestError) -> JSONResponse:
-        return JSONResponse(error_body(e.message, e.status, e.param, e.code), status_code=e.status)
+        return JSONResponse(error_body(e.message, e.status, e.param, e.code), status_code=e.status,
+                            headers={"connection": "close"} if e.close else None)
 
     @app.exception_handler(MessageError)
     async def message_error(request: Request, e: MessageError) -> JSONResponse:
@@ -106,44 +109,18 @@ def build_app(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, *, mo
     return app
 
 
-class Guard:
-    """ASGI middleware: the API key, checked before the body is read (401), and a 500 JSON error
-    for anything a route did not expect (the server answers every request and keeps serving).
-    Plain ASGI rather than FastAPI's `@app.middleware`, which costs a task and a stream per request."""
-
-    def __init__(self, app: Any, key: bytes | None) -> None:
-        self.app, self.key = app, key
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        if self.key is not None and scope["path"] not in OPEN_PATHS:
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            token = given[7:].strip() if given[:7].lower() == b"bearer " else b""
-            if not hmac.compare_digest(token, self.key):
-                body = error_body("missing or wrong API key (send Authorization: Bearer <key>)", 401,
-                                  code="invalid_api_key")
-                return await JSONResponse(body, status_code=401)(scope, receive, send)
-        started = False
-
-        async def tracked(message: dict) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-        try:
-            await self.app(scope, receive, tracked)
-        except Exception as e:  # noqa: BLE001
-            if started:  # a streamed response broke midway: nothing left to answer with
-                raise
-            body = error_body(f"internal error: {type(e).__name__}: {e}", 500)
-            await JSONResponse(body, status_code=500)(scope, receive, send)
-
-
 class ServerHandle:
-    """A server running on a background thread: its `url`, its session store, `stop()`."""
+    """A server running on a background thread: its `url`, its keys, its session store, `stop()`."""
 
     def __init__(self, server: Any, thread: threading.Thread, url: str, app: FastAPI, api_key: str | None) -> None:
         self.server, self.thread, self.url, self.app, self.api_key = server, thread, url, app, api_key
+
+    @property
+    def admin_key(self) -> str | None:
+        """The key of the control routes (weights, state, cache, metrics): serve.api_key, or the one
+        made at start-up (None for an app that is not build_app's)."""
+        state = getattr(self.app.state, "agentrl", None)
+        return state.admin_key if state is not None else None
 
     @property
     def sessions(self) -> SessionStore:
@@ -156,29 +133,51 @@ class ServerHandle:
         self.thread.join(timeout)
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (port 0: a free one)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def bind(host: str, port: int, keyed: bool = True) -> socket.socket:
+    """A listening TCP socket on host:port (port 0: a free one); without a key (`keyed` false)
+    only on a loopback address, checked on the address bound, not on how `host` is spelt."""
+    address = host_address(host)
+    if not keyed and not is_loopback(address):
+        raise EngineError(f"serve.host={host} is not a loopback address: a server without serve.api_key binds "
+                          "only 127.x, ::1 or localhost")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted connections inherit it
     try:
-        sock.bind((host, port))
-    except OSError as e:
+        sock.bind((address, port))
+        bound = sock.getsockname()[0]
+    except (OSError, UnicodeError) as e:
         sock.close()
-        raise EngineError(f"cannot listen on {host}:{port}: {e.strerror or e} (set serve.port, 0 for a free one)") from None
+        raise EngineError(f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e} "
+                          "(set serve.host and serve.port, 0 for a free port)") from None
+    if not keyed and not is_loopback(bound):  # what the kernel bound, whatever resolved the name
+        sock.close()
+        raise EngineError(f"serve.host={host} bound {bound}, not a loopback address; set serve.api_key")
     sock.listen(2048)
     sock.setblocking(False)
     return sock
 
 
-def uvicorn_server(app: FastAPI) -> Any:
-    """A uvicorn server for `app` (quiet: errors only)."""
+def uvicorn_server(app: FastAPI, idle_timeout: float = 30.0) -> Any:
+    """A uvicorn server for `app` (quiet: errors only) that closes connections silent for `idle_timeout` s."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="error", access_log=False, timeout_keep_alive=30, lifespan="off",
-                            ws="none", log_config=None)  # log_config=None: leave the process's logging alone
+    config = uvicorn.Config(app, log_level="error", access_log=False, timeout_keep_alive=idle_timeout,
+                            http=TimedH11Protocol, lifespan="off", ws="none",
+                            log_config=None)  # log_config=None: leave the process's logging alone
     return uvicorn.Server(config)
+
+
+def _idle_timeout(app: FastAPI) -> float:
+    state = getattr(app.state, "agentrl", None)
+    return state.cfg.idle_timeout if state is not None else ServeConfig.idle_timeout
+
+
+def _url(host: str, port: int) -> str:
+    """The server's base URL: the address bound (localhost: 127.0.0.1, which needs no resolver)."""
+    address = host_address(host)
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
 def start_server(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, host: str | None = None,
@@ -192,9 +191,10 @@ def start_server(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, ho
 
 
 def run_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None) -> ServerHandle:
-    """Run an ASGI `app` with uvicorn on a background thread; returns once it accepts connections."""
-    sock = bind(host, port)
-    server = uvicorn_server(app)
+    """Run an ASGI `app` with uvicorn on a background thread; returns once it accepts connections
+    (without `api_key`, on loopback only)."""
+    sock = bind(host, port, keyed=api_key is not None)
+    server = uvicorn_server(app, _idle_timeout(app))
 
     def run() -> None:
         asyncio.run(server.serve(sockets=[sock]))
@@ -205,9 +205,7 @@ def run_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, api_key: str |
         threading.Event().wait(0.01)
     if not thread.is_alive():
         raise EngineError(f"the server on {host} did not start")
-    bound = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
-    return ServerHandle(server, thread, f"http://{shown}:{bound}", app, api_key)
+    return ServerHandle(server, thread, _url(host, sock.getsockname()[1]), app, api_key)
 
 
 @dataclass
@@ -260,8 +258,9 @@ async def serve_in_loop(app: FastAPI, host: str, port: int = 0, *,
                         name: str = "agentrl-server") -> tuple[Any, asyncio.Task, str]:
     """Run `app` in the running event loop's own task (no thread: requests reach an engine living
     in this loop without crossing threads); (server, task, url) once it accepts connections."""
-    sock = bind(host, port)
-    server = uvicorn_server(app)
+    state = getattr(app.state, "agentrl", None)
+    sock = bind(host, port, keyed=state is None or state.cfg.api_key is not None)
+    server = uvicorn_server(app, _idle_timeout(app))
     server.capture_signals = contextlib.nullcontext  # Ctrl-C stays the process's, even from the main thread
 
     async def serve() -> None:
@@ -275,8 +274,7 @@ async def serve_in_loop(app: FastAPI, host: str, port: int = 0, *,
             task.result()  # raises why it stopped
             raise EngineError(f"the server on {host} stopped while starting")
         await asyncio.sleep(0.001)
-    shown = f"[{host}]" if ":" in host else host
-    return server, task, f"http://{shown}:{sock.getsockname()[1]}"
+    return server, task, _url(host, sock.getsockname()[1])
 
 
 def served_model_name(cfg_name: str | None, model_path: str | None) -> str:

@@ -1,7 +1,9 @@
 """The routes of the policy server (server.py builds the app and runs it).
 
-Every request body is read with a size cap (413 beyond it), parsed as strict JSON into a
-schema (400 naming the field), and only then reaches the engine, in the engine's own loop.
+Every request body is read with a size cap, counted as it streams in (413 beyond it; see
+server_guard.py), parsed as strict JSON into a schema (400 naming the field), and only then
+reaches the engine, in the engine's own loop. New weights are checked whole (names, shapes,
+dtypes, finite values) before one tensor is copied, so a refused push changes nothing.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,37 +26,49 @@ from agentrl.llm.openai_schema import (AgentrlGenerateRequest, ChatRequest, Comp
                                        RewardRequest, StateRequest, VllmGenerateRequest, WeightsRequest,
                                        agentrl_sampling, parse, refuse_unsupported, request_sampling, sampling_params,
                                        vllm_sampling)
+from agentrl.config_serve import ServeConfig
 from agentrl.llm.server import ServerState
+from agentrl.llm.server_guard import JSON, media_type, read_body
 from agentrl.llm.sessions import RequestPolicy, Session, in_loop, make_choice
-from agentrl.llm.weights import from_bytes, from_file, top_logprobs
+from agentrl.llm.weights import body_limit, check_fits, from_bytes, from_weights_dir, served_layout, top_logprobs
+
+# JSON text that may decode to a lone UTF-16 surrogate: an escape of one (a valid pair matches
+# too, and is then let through) or the CESU-8 bytes of one (json decodes bytes with surrogatepass).
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 once it passes `limit` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise RequestError(400, "Content-Length must be a number of bytes")
-        if int(declared) > limit:
-            raise RequestError(413, f"the request body of {declared} bytes exceeds this server's limit of {limit} "
-                                    "(serve.max_request_bytes)")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"the request body exceeds this server's limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body as JSON (400 when it is not)."""
-    body = await read_body(request, limit)
+async def read_json(request: Request, cfg: ServeConfig) -> Any:
+    """The request body as JSON (400 when it is not, or when a string in it is not valid Unicode)."""
+    body = await read_body(request, cfg.max_request_bytes, cfg.idle_timeout)
     try:
-        return json.loads(body)
+        data = json.loads(body)
     except (ValueError, RecursionError) as e:
         first = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
         raise RequestError(400, f"the request body is not valid JSON: {first}") from None
+    if _SURROGATE.search(body):
+        where = _unpaired(data, "")
+        if where is not None:
+            raise RequestError(400, f"{where or 'body'}: a lone UTF-16 surrogate (e.g. \\ud800) is not a character; "
+                                    "send valid Unicode", where or None)
+    return data
+
+
+def _unpaired(value: Any, where: str) -> str | None:
+    """Where in `value` a string holds a lone surrogate (None: nowhere)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _unpaired(key, where) is not None:
+            return where
+        found = _unpaired(item, f"{where}.{key}".lstrip(".") if isinstance(key, str) else f"{where}[{key}]")
+        if found is not None:
+            return found
+    return None
 
 
 @contextlib.contextmanager
@@ -150,13 +165,13 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        req = parse(ChatRequest, await read_json(request, cfg.max_request_bytes))
+        req = parse(ChatRequest, await read_json(request, cfg))
         check_model(state, req.model)
         return await serve_chat(state, req, None)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        req = parse(CompletionRequest, await read_json(request, cfg.max_request_bytes))
+        req = parse(CompletionRequest, await read_json(request, cfg))
         check_model(state, req.model)
         refuse_unsupported(req)
         rs = request_sampling(req, cfg.max_tokens, cfg.max_n)
@@ -181,7 +196,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/inference/v1/generate")
     async def vllm_generate(request: Request) -> Any:
-        req = parse(VllmGenerateRequest, await read_json(request, cfg.max_request_bytes))
+        req = parse(VllmGenerateRequest, await read_json(request, cfg))
         check_model(state, req.model)
         if req.stream:
             raise RequestError(400, "stream=true is not supported on /inference/v1/generate", "stream")
@@ -194,7 +209,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/agentrl/generate")
     async def agentrl_generate(request: Request) -> Any:
-        req = parse(AgentrlGenerateRequest, await read_json(request, cfg.max_request_bytes))
+        req = parse(AgentrlGenerateRequest, await read_json(request, cfg))
         check_model(state, None)
         sp = agentrl_sampling(req.sampling, cfg.max_tokens)
         with admitted(state):
@@ -206,20 +221,31 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/agentrl/weights")
     async def weights(request: Request) -> Any:
         check_model(state, None)
-        if request.headers.get("content-type", "").startswith("application/json"):
-            req = parse(WeightsRequest, await read_json(request, cfg.max_request_bytes))
-            if not cfg.allow_weights_from_path:
-                raise RequestError(403, "this server takes weights in the request body only "
-                                        "(serve.allow_weights_from_path=false)")
-            version, load = req.version, (lambda: from_file(req.path))
-        else:
+        model = getattr(state.engine, "model", None)
+        if model is None:
+            raise RequestError(400, "this engine takes no weights over HTTP (it serves no in-process model)")
+        layout = await state.call(served_layout, model)
+        limit = min(cfg.max_weights_bytes, body_limit(layout))
+        if media_type(dict(request.scope["headers"])) == JSON:
+            req = parse(WeightsRequest, await read_json(request, cfg))
+            if cfg.weights_dir is None:
+                raise RequestError(403, "this server takes weights in the request body only; to load files, start "
+                                        "it with serve.weights_dir=FOLDER (the run's engine.weights_dir)", "path")
+            version, load = req.version, (lambda: from_weights_dir(req.path, cfg.weights_dir, limit))
+        else:  # application/octet-stream (the Guard let nothing else through)
             raw = request.query_params.get("version", "")
-            if not raw.isdigit():
+            if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
                 raise RequestError(400, "a weights body needs ?version=N (the new policy version)", "version")
-            data = await read_body(request, cfg.max_weights_bytes)
+            data = await read_body(request, limit, cfg.idle_timeout, "the served model's weights in their dtype or "
+                                                                     "float32, and serve.max_weights_bytes")
             version, load = int(raw), (lambda: from_bytes(data))
+
+        def checked() -> dict[str, Any]:
+            tensors = load()
+            check_fits(layout, tensors)
+            return tensors
         try:
-            tensors = await asyncio.to_thread(load)
+            tensors = await asyncio.to_thread(checked)
         except ValueError as e:
             raise RequestError(400, str(e)) from None
         return {"policy_version": await state.call(_apply_weights, state.engine, tensors, version)}
@@ -235,7 +261,7 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/agentrl/state")
     async def set_state(request: Request) -> dict[str, Any]:
-        req = parse(StateRequest, await read_json(request, cfg.max_request_bytes))
+        req = parse(StateRequest, await read_json(request, cfg))
 
         def apply() -> int:
             state.engine.policy_version = req.policy_version
@@ -291,7 +317,7 @@ def add_session_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/sessions/{sid}/reward")
     async def reward(sid: str, request: Request) -> dict[str, Any]:
-        req = parse(RewardRequest, await read_json(request, cfg.max_request_bytes))
+        req = parse(RewardRequest, await read_json(request, cfg))
         store.get(sid).posted_reward = req.reward
         return {"id": sid, "reward": req.reward}
 
@@ -310,5 +336,5 @@ def add_session_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/sessions/{sid}/v1/chat/completions")
     async def session_chat(sid: str, request: Request) -> Any:
         session = store.get(sid)
-        req = parse(ChatRequest, await read_json(request, cfg.max_request_bytes))
+        req = parse(ChatRequest, await read_json(request, cfg))
         return await serve_chat(state, req, session)

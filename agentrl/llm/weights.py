@@ -1,8 +1,11 @@
 """Policy weights on the wire and on disk: safetensors bytes and files, and HF model folders
-for servers that reload from disk (vLLM, SGLang); plus the scoring pass behind top_logprobs."""
+for servers that reload from disk (vLLM, SGLang); the checks a server runs on weights it is sent
+(from a trusted folder only, fitting its model whole); plus the scoring pass behind top_logprobs."""
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +38,67 @@ def from_bytes(data: bytes) -> dict[str, torch.Tensor]:
         raise ValueError(f"the body is not a safetensors buffer ({type(e).__name__}: {e})") from None
 
 
-def from_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """The state dict of a safetensors file (ValueError naming the path if it cannot be read)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"no such file {p} on the server")
+Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]  # tensor name -> (shape, dtype)
+
+
+def served_layout(model: torch.nn.Module) -> Layout:
+    """Name -> (shape, dtype) of every tensor of the served model's state dict."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+
+
+def body_limit(layout: Layout) -> int:
+    """The most bytes a safetensors file of `layout` can take: each tensor in its dtype or float32,
+    plus a header (a generous 1 KiB per tensor and 64 KiB)."""
+    def itemsize(dtype: torch.dtype) -> int:
+        size = torch.empty((), dtype=dtype).element_size()
+        return max(size, 4) if dtype.is_floating_point else size
+    return sum(math.prod(shape) * itemsize(dtype) for shape, dtype in layout.values()) + 1024 * len(layout) + 65536
+
+
+def check_fits(layout: Layout, tensors: dict[str, torch.Tensor]) -> None:
+    """ValueError (one line, the first problem) unless `tensors` is a whole state dict of `layout`:
+    the same names, the same shapes, each dtype the served one (or float32 for a floating tensor,
+    converted on copy), every value finite. Nothing is copied here: a push is checked whole first."""
+    missing, extra = sorted(set(layout) - set(tensors)), sorted(set(tensors) - set(layout))
+    if missing:
+        raise ValueError(f"the weights lack {len(missing)} tensor(s) of the served model, e.g. {missing[0]!r}")
+    if extra:
+        raise ValueError(f"the weights hold {len(extra)} tensor(s) the served model does not have, e.g. {extra[0]!r}")
+    for name, (shape, dtype) in layout.items():
+        t = tensors[name]
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {list(t.shape)}; the served model's is {list(shape)}")
+        if t.dtype != dtype and not (dtype.is_floating_point and t.dtype == torch.float32):
+            raise ValueError(f"{name} is {str(t.dtype).removeprefix('torch.')}; the served model's is "
+                             f"{str(dtype).removeprefix('torch.')}")
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} holds NaN or infinite values")
+
+
+def from_weights_dir(path: str, folder: str | Path, limit: int) -> dict[str, torch.Tensor]:
+    """The state dict of the safetensors file `path` (absolute, or relative to `folder`) inside
+    `folder`. A path outside it, a link leading out, or a missing file get one message, so that
+    no answer tells what exists outside; a path outside is never even looked at."""
+    root = Path(folder).resolve()
+    given = Path(path)
+    lexical = Path(os.path.normpath(given if given.is_absolute() else root / given))
+    refused = ValueError(f"{path!r} is not a weights file in this server's serve.weights_dir")
+    if "\x00" in path or not lexical.is_relative_to(root):
+        raise refused
     try:
-        return load_file(str(p))
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{p} is not a safetensors file ({type(e).__name__}: {e})") from None
+        real = lexical.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise refused from None
+    if not real.is_relative_to(root) or not real.is_file():
+        raise refused
+    size = real.stat().st_size
+    if size > limit:
+        raise ValueError(f"{path!r} holds {size} bytes, more than weights of the served model can ({limit})")
+    try:
+        return load_file(str(real))
+    except Exception as e:  # noqa: BLE001 (safetensors raises its own error types)
+        raise ValueError(f"{path!r} is not a safetensors file ({type(e).__name__}: {e})") from None
 
 
 def save_file_atomic(state: dict[str, torch.Tensor], path: Path) -> Path:

@@ -47,7 +47,8 @@ def tiny_cache_key(cfg: Config, tokenizer: Any = None) -> str:
     parts = {"v": WARM_START_VERSION, "tiny": to_dict(cfg.model.tiny), "warm": to_dict(cfg.model.warm_start),
              "envs": envs, "agents": agents, "plan": cfg.group_tags("train"),
              "imports": cfg.imports, "seed": cfg.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
-             "budget": [cfg.rollout.max_episode_tokens, cfg.rollout.max_model_len]}
+             "budget": [cfg.rollout.max_episode_tokens, cfg.rollout.max_model_len],
+             "threads": cfg.runtime.num_threads}  # CPU sums split by thread count: other weights
     if tokenizer is not None:
         parts["tokenizer"] = fingerprint(tokenizer)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]

@@ -28,6 +28,7 @@ from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.envs import check_templates, make_budget, make_collector
 from agentrl.runtime.preflight import preflight
 from agentrl.runtime.serving import make_engine
+from agentrl.runtime.threads import pin_threads
 from agentrl.runtime.warm import load_policy, model_context, model_vocab
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
@@ -89,8 +90,10 @@ def build_parts(cfg: Config, log: Callable[[str], None] = print, tokenizer: Any 
 
 
 def build_policy(cfg: Config, log: Callable[[str], None], tokenizer: Any = None) -> tuple[Any, Any, dict[str, Callable]]:
-    """(model, tokenizer, env factories per tag), after every check that needs no model."""
+    """(model, tokenizer, env factories per tag), after every check that needs no model; from
+    here on this process computes with the run's torch threads (the warm start included)."""
     load_builtins()
+    pin_threads(cfg.runtime.num_threads)
     factories = preflight(cfg)  # every model-free check, before the model is built or warm-started
     check_loss_mode(cfg.actor.policy_loss.loss_mode)  # after `imports`, which may register modes
     model, tokenizer = load_policy(cfg, factories, log, tokenizer)

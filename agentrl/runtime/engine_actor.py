@@ -49,7 +49,7 @@ class EngineActor:
     def __init__(self, shared: SharedSpec | RunSpec, index: int, seed: int, api_key: str | None = None) -> None:
         spec = shared.get() if isinstance(shared, SharedSpec) else shared
         cfg = spec.cfg
-        setup_worker(cfg.runtime.actor_infer.num_cpus)
+        setup_worker(cfg.runtime.num_threads)
         self.cfg = cfg
         self.index = index
         self.tokenizer = tokenizer = spec.tokenizer
@@ -127,8 +127,8 @@ class EngineActor:
 
             if self.api_key is None:
                 raise EngineError(f"engine-{self.index} was started without runtime.engine_transport=http")
-            cfg = ServeConfig(host=node_ip(), port=0, api_key=self.api_key, max_tokens=2**24, max_n=64,
-                              allow_weights_from_path=False)  # weights come from trainer rank 0 only
+            # No serve.weights_dir: weights come from trainer rank 0 only.
+            cfg = ServeConfig(host=node_ip(), port=0, api_key=self.api_key, max_tokens=2**24, max_n=64)
             app = build_app(GatedEngine(self.engine, self._ready_event()), self.tokenizer, cfg)
             self.server = await serve_in_loop(app, cfg.host, 0, name=f"engine-{self.index}-server")
         return self.server[2]

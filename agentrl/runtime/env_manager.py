@@ -22,7 +22,7 @@ class EnvManagerActor:
                  api_key: str | None = None) -> None:
         spec = shared.get()
         cfg = spec.cfg
-        setup_worker(cfg.runtime.env_manager_num_cpus, spec.registrations)
+        setup_worker(cfg.runtime.num_threads, spec.registrations)
         import_user_modules(cfg)
         self.index = index
         factories = make_env_factories(cfg)

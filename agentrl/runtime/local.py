@@ -13,6 +13,7 @@ from agentrl.config import Config, save_config
 from agentrl.runtime.build import build_trainer
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
                                         resume_changes, run_step)
+from agentrl.runtime.threads import kept_threads
 from agentrl.train.checkpoint import remove_partial
 from agentrl.train.trainer import Trainer
 
@@ -28,7 +29,8 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
     alter the run's meaning, and writes config.yaml only once the checkpoint has loaded.
     """
     run_dir = check_folder(cfg)
-    with RunLock(run_dir):
+    # The run computes on runtime.num_threads; the caller's own count comes back at the end.
+    with RunLock(run_dir), kept_threads():
         remove_partial(run_dir / "checkpoints")
         if resume:
             changes = resume_changes(cfg, run_dir, run_step(run_dir) or 0)

@@ -36,7 +36,7 @@ class TrainRank:
     def __init__(self, shared: SharedSpec, rank: int) -> None:
         spec = shared.get()
         cfg, role = spec.cfg, spec.cfg.runtime.actor_train
-        setup_worker(role.num_cpus, spec.registrations)
+        setup_worker(cfg.runtime.num_threads, spec.registrations)
         self.spec = spec
         import_user_modules(cfg)
         seed_everything(cfg.seed)
@@ -141,7 +141,7 @@ class ModelRoleActor:
     def __init__(self, shared: SharedSpec, role: str) -> None:
         spec = shared.get()
         cfg, section = spec.cfg, getattr(spec.cfg.runtime, role)
-        setup_worker(section.num_cpus, spec.registrations)
+        setup_worker(cfg.runtime.num_threads, spec.registrations)
         import_user_modules(cfg)
         policy = load_model(spec.model, section)
         self.obj = build_reference(cfg, policy) if role == "reference" else \

@@ -15,6 +15,7 @@ from agentrl.rollout.collector import check_failed
 from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.envs import agent_texts, is_seed_tag, make_budget, make_collector
 from agentrl.runtime.seeds import demo_factories, seed_texts
+from agentrl.runtime.threads import kept_threads
 
 
 def model_context(model: Any) -> int:
@@ -38,7 +39,9 @@ def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str]
             return model, loaded
         folder = cache_root(cfg) / f"tokenizer-{fingerprint(tokenizer)}"  # for a tokenizer held in memory only
         return model, tokenizer_folder(check_tokenizer(tokenizer, model), folder)
-    return load_embedded(cfg, lambda folder: build_tiny(cfg, factories, log, tokenizer, folder), log, tokenizer)
+    # The warm start computes on the run's threads, whoever calls (its cache key holds the count).
+    with kept_threads(cfg.runtime.num_threads):
+        return load_embedded(cfg, lambda folder: build_tiny(cfg, factories, log, tokenizer, folder), log, tokenizer)
 
 
 def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None], tokenizer: Any = None,

@@ -1,5 +1,5 @@
-"""What every Ray actor of a run shares: process set-up (threads, registrations), the policy model
-as it travels to actors, and where a role's models live."""
+"""What every Ray actor of a run shares: process set-up (torch threads, registrations), the policy
+model as it travels to actors, and where a role's models live."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from agentrl.config import Config
 from agentrl.config_runtime import RoleConfig
 from agentrl.models.loading import DTYPES
 from agentrl.registry import AGENTS, ENVS, ESTIMATORS, POLICY_LOSSES, load_builtins
+from agentrl.runtime.threads import pin_threads
 
 REGISTRIES = {"env": ENVS, "agent": AGENTS, "estimator": ESTIMATORS, "policy_loss": POLICY_LOSSES}
 
@@ -96,10 +97,11 @@ def user_registrations() -> dict[str, dict[str, Any]]:
     return out
 
 
-def setup_worker(num_cpus: float, registrations: dict[str, dict[str, Any]] | None = None) -> None:
-    """An actor's process: torch threads from its CPUs (Ray sets OMP threads from the request,
-    and torch may have read them before), the built-ins and the driver's registrations."""
-    torch.set_num_threads(max(1, int(num_cpus)))
+def setup_worker(num_threads: int, registrations: dict[str, dict[str, Any]] | None = None) -> None:
+    """An actor's process: the run's torch threads (runtime.num_threads, as the driver and a local
+    run use, whatever OMP_NUM_THREADS Ray gave the actor for its CPUs), the built-ins and the
+    driver's registrations."""
+    pin_threads(num_threads)
     load_builtins()
     for kind, entries in (registrations or {}).items():
         for name, obj in entries.items():

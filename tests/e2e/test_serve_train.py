@@ -1,17 +1,24 @@
 """End to end with a tiny budget: `agentrl train` generating on an `agentrl serve` subprocess
-(engine.kind=remote), and training the OpenAI-client FrozenLake example (agent.type=openai)."""
+(engine.kind=remote), with serve.api_key or with the admin key a server without one prints and
+writes to its run folder; what such a server does with a 1 GiB weights body (refuses it without
+holding it); and training the OpenAI-client FrozenLake example (agent.type=openai)."""
 
 import json
 import os
+import re
 import signal
+import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from agentrl.config import load_config
+from agentrl.errors import ConfigError
 from agentrl.metrics import read_jsonl
 from agentrl.runtime.local import train
 
@@ -44,6 +51,94 @@ def served(cache_dir):
     yield line.split()[2]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0  # a clean stop on SIGTERM
+
+
+@pytest.fixture(scope="module")
+def keyless(cache_dir, tmp_path_factory):
+    """`agentrl serve` without serve.api_key: (url, the admin key it printed, its key file, the process)."""
+    run_dir = tmp_path_factory.mktemp("serve_run")
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", "configs/frozen_lake.yaml", *TINY,
+                             "serve.port=0", f"run_dir={run_dir}", f"model.cache_dir={cache_dir}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = []  # its first two lines, read aside: a server that prints fewer must fail the test, not hang it
+    first_line = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    first_line.start()
+    first_line.join(600)  # the model is built first
+    second_line = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
+    second_line.start()
+    second_line.join(60)  # printed right after the first
+    first, second = (lines + ["", ""])[:2]
+    found = re.match(r"agentrl serve: admin key (\S+) .* engine.api_key_file=(\S+)$", second.strip())
+    if not first.startswith("agentrl serve: ") or found is None:
+        proc.kill()
+        pytest.fail(f"agentrl serve did not print its URL and admin key: {first}{second}"
+                    f"{proc.stderr.read()[-2000:]}")
+    key_file = Path(found.group(2))
+    yield first.split()[2], found.group(1), key_file, proc
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert not key_file.exists()  # the key dies with the server
+
+
+def test_a_server_without_a_key_prints_its_admin_key_and_keeps_it_to_this_user(keyless):
+    url, key, key_file, _ = keyless
+    assert key_file.parent.name.startswith("serve_run") and key_file.name == f"serve-{url.rsplit(':', 1)[1]}.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and key_file.read_text().strip() == key
+    assert httpx.get(url + "/v1/models").status_code == 200  # generation stays open to this machine
+    assert httpx.post(url + "/agentrl/state", json={"policy_version": 5}).status_code == 401
+    assert httpx.post(url + "/agentrl/state", json={"policy_version": 0},
+                      headers={"Authorization": f"Bearer {key}"}).status_code == 200
+
+
+def test_training_on_a_server_without_a_key_pushes_with_its_admin_key_file(keyless, cache_dir, tmp_path):
+    url, _, key_file, _ = keyless
+    remote = [*TINY, f"model.cache_dir={cache_dir}", "engine.kind=remote", f"engine.urls=[{url}]"]
+    with pytest.raises(ConfigError) as err:  # without the key: refused before any model is built
+        train(load_config("configs/frozen_lake.yaml", [*remote, f"run_dir={tmp_path / 'no_key'}"]), log=lambda m: None)
+    assert "refused the admin key" in str(err.value) and "engine.api_key_file" in str(err.value)
+    before = httpx.get(url + "/health").json()["policy_version"]
+    cfg = load_config("configs/frozen_lake.yaml", [*remote, f"run_dir={tmp_path / 'run'}",
+                                                    f"engine.api_key_file={key_file}"])
+    assert train(cfg, log=lambda m: None)["steps"] == 2
+    assert before == 0 and httpx.get(url + "/health").json()["policy_version"] == 2
+    assert str(key_file) in (tmp_path / "run" / "config.yaml").read_text()  # the file's name, not the key
+    assert key_file.read_text().strip() not in (tmp_path / "run" / "config.yaml").read_text()
+
+
+def _peak_rss(pid):
+    """The process's peak resident memory since the last reset (Linux's VmHWM)."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+def _push_stream(url, size, headers):
+    """Stream `size` bytes to the weight route (no Content-Length; this side never holds them): the
+    status read, or None when the server closed the connection mid-upload (past what it drains)."""
+    chunk = bytes(2**20)
+
+    def body():
+        for _ in range(size // len(chunk)):
+            yield chunk
+    try:
+        return httpx.post(url + "/agentrl/weights?version=3", content=body(), timeout=300,
+                          headers={"content-type": "application/octet-stream", **headers}).status_code
+    except httpx.TransportError:
+        return None
+
+
+def test_a_1gib_weights_body_is_refused_without_the_server_holding_it(keyless):
+    url, key, _, proc = keyless
+    server = psutil.Process(proc.pid)
+    version = httpx.get(url + "/health").json()["policy_version"]
+    for headers, refusal in (({}, 401), ({"Authorization": f"Bearer {key}"}, 413)):
+        assert _push_stream(url, 8 * 2**20, headers) == refusal  # the same path once, small
+        Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # restart the peak from here
+        before = server.memory_info().rss
+        assert _push_stream(url, 2**30, headers) in (refusal, None)
+        grown = _peak_rss(proc.pid) - before
+        assert grown < 16 * 2**20, f"the server's memory grew by {grown / 2**20:.0f} MiB for a refused 1 GiB body"
+    assert httpx.get(url + "/health").json()["policy_version"] == version  # and nothing was loaded
 
 
 def test_training_generates_on_an_agentrl_serve_subprocess(served, cache_dir, tmp_path):

@@ -25,9 +25,15 @@ def _local(model, tok):
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_model, tiny_tokenizer):
-    handles = [start_server(_local(tiny_model, tiny_tokenizer), tiny_tokenizer, ServeConfig(port=0, api_key="k"))
-               for _ in range(2)]
+def shared_dir(tmp_path_factory):
+    """The folder the servers load weight files from (serve.weights_dir), a run's engine.weights_dir."""
+    return tmp_path_factory.mktemp("shared_weights")
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model, tiny_tokenizer, shared_dir):
+    handles = [start_server(_local(tiny_model, tiny_tokenizer), tiny_tokenizer,
+                            ServeConfig(port=0, api_key="k", weights_dir=str(shared_dir))) for _ in range(2)]
     yield handles
     for h in handles:
         h.stop()
@@ -46,7 +52,7 @@ def _perturbed(model):
 
 
 def test_remote_completions_equal_the_local_engines_and_weights_move_with_versions(servers, tiny_model,
-                                                                                     tiny_tokenizer, tmp_path):
+                                                                                     tiny_tokenizer, shared_dir):
     tok = tiny_tokenizer
     remote = RemoteEngine([servers[0].url], api_key="k")
     prompt = _prompt(tok, "P _ _ _")
@@ -61,9 +67,9 @@ def test_remote_completions_equal_the_local_engines_and_weights_move_with_versio
     assert pushed.token_ids == asyncio.run(_local(other, tok).generate(prompt, sp)).token_ids
     assert pushed.versions == [1] * len(pushed.token_ids)
     # Through a shared folder: the server reads the file; the version is the one given.
-    by_disk = RemoteEngine([servers[0].url], api_key="k", weights_dir=str(tmp_path))
+    by_disk = RemoteEngine([servers[0].url], api_key="k", weights_dir=str(shared_dir))
     assert by_disk.load_weights(tiny_model.state_dict(), version=5) == 5
-    assert list(tmp_path.glob("*.safetensors")) == [tmp_path / "policy-v5.safetensors"]
+    assert list(shared_dir.glob("*.safetensors")) == [shared_dir / "policy-v5.safetensors"]
     back = asyncio.run(by_disk.generate(prompt, sp))
     assert back.token_ids == mine.token_ids and back.versions == [5] * len(back.token_ids)
     # The control routes: prefix reset, counters, a resumed run's version.
@@ -100,7 +106,8 @@ def test_a_server_that_is_gone_fails_over_then_fails_in_one_line(tiny_model, tin
     live = start_server(_local(tiny_model, tok), tok, ServeConfig(port=0))
     dead = start_server(_local(tiny_model, tok), tok, ServeConfig(port=0))
     dead.stop()
-    remote = RemoteEngine([live.url, dead.url], max_retries=2, retry_delay=0.01)  # ties rotate: the dead one first
+    remote = RemoteEngine([live.url, dead.url], max_retries=2, retry_delay=0.01,  # ties rotate: the dead one first
+                          api_key=live.admin_key)  # no serve.api_key: generation is open, metrics take the admin key
     out = asyncio.run(remote.generate(_prompt(tok, "x"), SamplingParams(max_new_tokens=3, seed=1)))
     metrics = remote.pop_metrics()
     assert len(out.token_ids) >= 1 and metrics["perf/remote_retries"] == 1  # answered by the live one

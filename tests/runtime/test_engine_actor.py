@@ -36,8 +36,8 @@ class InProcess:
 
 @pytest.fixture(autouse=True)
 def one_thread():
-    """The actor sets torch's threads from its CPUs (1 here); CPU kernels add up in another order
-    with another thread count, so the in-process engine runs with 1 too, and the count is restored."""
+    """The actor sets torch's threads to runtime.num_threads (1 here); CPU kernels add up in another
+    order with another thread count, so the in-process engine runs with 1 too, and the count is restored."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 import ray_envs  # noqa: E402,F401  (registers coin and sabotaged_lake, for this process and the actors)
 from agentrl import cli  # noqa: E402
-from agentrl.api import AgentTrainer  # noqa: E402
+from agentrl.api import AgentTrainer, fit  # noqa: E402
 from agentrl.config import load_config  # noqa: E402
 from agentrl.errors import ConfigError  # noqa: E402
 from agentrl.metrics import read_jsonl  # noqa: E402
@@ -61,16 +61,6 @@ def cluster():
             os.environ[key] = value
 
 
-@pytest.fixture
-def one_thread():
-    """Actors use one torch thread per CPU they reserve (1 here): a local run compared with them
-    uses one too (CPU reductions add up in another order with another thread count)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("model_cache")
@@ -98,6 +88,32 @@ def test_the_object_store_transport_round_trip(cluster):
     assert payload.version == 2 and not payload.refs
 
 
+@pytest.mark.parametrize("process_threads, overrides", [
+    (2, []),  # torch's own default on a machine of 2 cores (a Ray actor of 1 CPU is given 1); the run's default
+    (1, ["runtime.num_threads=2"]),  # a count the config sets reaches every process, actors included
+], ids=["default", "num_threads=2"])
+def test_the_local_and_ray_runtimes_log_identical_metrics(cluster, cache, tmp_path, process_threads, overrides):
+    """configs/frozen_lake.yaml, warm-started here, 3 steps through `agentrl.api.fit` on each
+    runtime, from a process whose own torch thread count is not the run's: every logged value but
+    the perf/ clocks is identical, and the caller's thread count is given back after each run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(process_threads)
+    try:
+        for kind in ("local", "ray"):
+            fit("configs/frozen_lake.yaml", overrides=[*LAKE, "model.warm_start.max_steps=60", "rollout.batch_size=8",
+                                                       "rollout.group_size=4", *overrides, f"model.cache_dir={cache}",
+                                                       f"run_dir={tmp_path / kind}", f"runtime.kind={kind}"],
+                log=lambda m: None)
+            assert torch.get_num_threads() == process_threads
+    finally:
+        torch.set_num_threads(before)
+    local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "ray")
+    assert [r["step"] for r in remote] == [r["step"] for r in local] == [0, 1, 2, 3, 3]
+    differ = [(theirs["step"], k) for mine, theirs in zip(remote, local) for k in mine.keys() | theirs.keys()
+              if mine.get(k) != theirs.get(k)]
+    assert differ == [] and any(r.get("loss/policy") for r in local)
+
+
 PPO = ["algorithm.adv_estimator=gae", "critic.enable=true", "critic.ppo_mini_batch_size=4", "critic.micro_batch_size=2",
        "actor.use_kl_loss=true"]
 # Metrics of the engine's own logprobs: over HTTP a replica batches requests as they arrive, and a
@@ -112,7 +128,7 @@ ENGINE_LOGPROB_KEYS = ("policy/logprob_diff_mean", "policy/logprob_diff_max")
     ("configs/frozen_lake.yaml", [*LAKE, "model.warm_start.max_steps=60", "rollout.batch_size=8",
                                   "rollout.group_size=4"], "http"),
 ], ids=["coin-ppo-ray", "frozen_lake-http"])
-def test_one_trainer_engine_and_env_manager_give_the_local_metrics(cluster, cache, tmp_path, one_thread, config,
+def test_one_trainer_engine_and_env_manager_give_the_local_metrics(cluster, cache, tmp_path, config,
                                                                   overrides, transport):
     """The embedded model (shipped to the actors through the object store), 3 steps on an env
     whose rewards differ within a group, the engine reached by Ray actor calls or over HTTP
@@ -138,8 +154,7 @@ def test_one_trainer_engine_and_env_manager_give_the_local_metrics(cluster, cach
     assert runs["ray"]["ray_start_seconds"] >= 0 and runs["ray"]["eval_success_after"] == runs["local"]["eval_success_after"]
 
 
-def test_two_trainer_ranks_update_as_one_and_a_dead_rank_stops_the_run_until_resume(cluster, cache, tmp_path,
-                                                                                   one_thread, capsys):
+def test_two_trainer_ranks_update_as_one_and_a_dead_rank_stops_the_run_until_resume(cluster, cache, tmp_path, capsys):
     """`agentrl train --config-path/--config-name` with actor_train.world_size=2: step 1's loss and
     weights equal one worker's; rank 1 killed during step 2 stops the run with one line naming
     it; `agentrl resume` finishes the run."""

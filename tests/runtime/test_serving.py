@@ -19,6 +19,9 @@ from agentrl.runtime.preflight import preflight
     (["engine.request_timeout=0"], "engine.request_timeout=0.0 must be > 0"),
     (["serve.port=70000"], "serve.port=70000 must be in [0, 65535]"),
     (["serve.host=0.0.0.0"], "set serve.api_key too"),
+    (["serve.host=127.0.0.1.nip.io"], "set serve.api_key too"),  # loopback by its spelling only: not resolved
+    (["serve.idle_timeout=0"], "serve.idle_timeout=0.0 must be in (0, 3600]"),
+    (["engine.api_key=k", "engine.api_key_file=k.txt"], "engine.api_key and engine.api_key_file are both set"),
     (["serve.max_tokens=0"], "serve.max_tokens=0 must be in"),
 ])
 def test_bad_serving_values_fail_in_one_line(overrides, says):
@@ -29,6 +32,8 @@ def test_bad_serving_values_fail_in_one_line(overrides, says):
 
 @pytest.mark.parametrize("overrides, says", [
     (["engine.kind=remote", "engine.urls=[http://127.0.0.1:9]"], "engine.urls[0]=http://127.0.0.1:9 does not answer"),
+    (["engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "engine.api_key_file=no/such/key"],
+     "engine.api_key_file=no/such/key: cannot read it"),
     (["agent.type=openai"], "agent.args.entry must be 'module:function'"),
     (["agent.type=openai", "agent.args.entry=examples/openai_frozen_lake:play"], "has no 'play'"),
     (["agent.type=openai", "agent.args.entry=examples/nothing_here:run"], "cannot import 'examples/nothing_here'"),
