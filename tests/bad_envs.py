@@ -40,7 +40,7 @@ ESCAPES = {
 }
 HANGS = {
     "async_hang": "step awaits forever",
-    "sync_block": "step blocks its event loop's thread (time.sleep) for an hour",
+    "sync_block": "step blocks its event loop's thread (time.sleep) for an hour, saying so on stderr first",
 }
 
 
@@ -86,6 +86,7 @@ class BadLake:
         if f == "async_hang":
             await asyncio.Event().wait()
         if f == "sync_block":
+            print("bad_lake: blocking", file=sys.stderr, flush=True)  # a test may wait for it
             time.sleep(3600)
         obs, reward, terminated, truncated, info = await self.lake.step(action)
         if not self.faulty:

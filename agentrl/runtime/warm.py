@@ -64,7 +64,9 @@ def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str],
         yield from seed_texts(cfg)
 
     if tokenizer is None:
-        tokenizer = build_tokenizer(texts(), cfg.model.tiny.vocab_size)
+        # Played here, before training starts: tokenizers pulls an iterator from its own threads,
+        # where the wait on the envs' random play could not take a Ctrl-C.
+        tokenizer = build_tokenizer(list(texts()), cfg.model.tiny.vocab_size)
     if tokenizer_dir is not None:
         tokenizer_folder(tokenizer, tokenizer_dir)  # seed agents load theirs from tokenizer_path
     model = build_model(cfg.model.tiny, tokenizer, seed=cfg.seed)
