@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import difflib
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class AgentRLError(Exception):
@@ -73,6 +76,23 @@ def as_failure(e: BaseException) -> BaseException:
     failure = UserExit(f"{type(e).__name__}{f': {e}' if str(e) else ''}")
     failure.__cause__ = e
     return failure
+
+
+async def contained(awaitable: Awaitable[T]) -> T:
+    """Await user code (an agent's episode); a BaseException it raises becomes a UserExit, so that
+    it fails the episode instead of leaving the event loop (see `as_failure`)."""
+    try:
+        return await awaitable
+    except BaseException as e:
+        failure = as_failure(e)
+        if failure is e:
+            raise
+        raise failure from e
+
+
+def must_propagate(e: BaseException) -> bool:
+    """Whether `e` must go on up rather than fail an episode (see `as_failure`)."""
+    return not isinstance(as_failure(e), Exception)
 
 
 def _being_cancelled() -> bool:

@@ -58,7 +58,7 @@ from agentrl.agents.seed_api import (Agent, BundledGenerationOutputs, Generation
 from agentrl.agents.seed_data import SeedRow
 from agentrl.envs.base import Env
 from agentrl.envs.contract import is_finite_number
-from agentrl.errors import ConfigError, EnvError, as_failure
+from agentrl.errors import ConfigError, EnvError, contained
 from agentrl.llm.conversation import Conversation, TokenBudget, completion_versions
 from agentrl.llm.engine import Completion, LLMClient, SamplingParams
 from agentrl.trajectory import Task, TokenRecord, Trajectory
@@ -178,7 +178,8 @@ class SeedAgentAdapter:
         prompt = SequenceSample.prompt(qid, conv.prompt_ids(), question)
         obs_queue: asyncio.Queue = asyncio.Queue()
         act_queue: asyncio.Queue = asyncio.Queue()
-        runner = asyncio.ensure_future(_contained(self.agent.collect_trajectory(
+        # The agent runs in a task of its own: its sys.exit must fail the episode, not leave the loop.
+        runner = asyncio.ensure_future(contained(self.agent.collect_trajectory(
             prompt, _EnvView(env, (obs, reset_info), record), obs_queue, act_queue)))
         reason: str | None = None
         try:
@@ -270,18 +271,6 @@ class SeedAgentAdapter:
             success = False
         return Trajectory.from_record(record.tokens, task, record.states, success=success,
                                       terminated=reason is None, truncation_reason=reason, info=info)
-
-
-async def _contained(coro: Any) -> Any:
-    """Await the agent's coroutine in a task of its own; its SystemExit or KeyboardInterrupt fails
-    the episode (asyncio would re-raise them out of the event loop, ending the run)."""
-    try:
-        return await coro
-    except BaseException as e:
-        failure = as_failure(e)
-        if failure is e:
-            raise
-        raise failure from e
 
 
 _WARNED: set[str] = set()

@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 from agentrl.envs.contract import reset_problem, step_problem
 from agentrl.envs.contract import short as _short
 from agentrl.envs.service import close_env
-from agentrl.errors import EnvError, as_failure
+from agentrl.errors import EnvError, must_propagate
 
 ADVERSARIAL_REPLIES = (
     "", " ", "\n\t\r", "x" * 1_000_000, "<answer>" * 20_000, "</answer>" * 20_000,
@@ -86,7 +86,8 @@ class _Checker:
         try:
             result = await env.reset(seed=seed)
         except BaseException as e:  # SystemExit and the like too: the env's, to report, not to exit on
-            _reraise_interrupt(e)
+            if must_propagate(e):  # asyncio's cancellation, a real Ctrl-C
+                raise
             self.fail("reset", f"reset(seed={seed}) raised {type(e).__name__}: {e}")
         self.check_reset(result, seed)
         return result
@@ -95,7 +96,8 @@ class _Checker:
         try:
             result = await env.step(action)
         except BaseException as e:
-            _reraise_interrupt(e)
+            if must_propagate(e):
+                raise
             self.fail("step", f"step({_short(action)}) {where} raised {type(e).__name__}: {e}")
         self.check_step(result, action, where)
         return result
@@ -161,12 +163,6 @@ class _Checker:
         for reply in ADVERSARIAL_REPLIES:
             await self.reset(env, seed)
             await self.step(env, reply, f"as the first reply of episode seed={seed}")
-
-
-def _reraise_interrupt(e: BaseException) -> None:
-    """Let asyncio's cancellation and a real Ctrl-C through; anything else an env raises is a finding."""
-    if not isinstance(e, Exception) and as_failure(e) is e:
-        raise e
 
 
 async def acheck_env(make_env: Callable[[], Any], seeds: tuple[int, ...] = (0, 1, 2),

@@ -34,7 +34,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from agentrl.envs.contract import reset_problem, step_problem
-from agentrl.errors import EngineError, RolloutError, UserExit, as_failure
+from agentrl.errors import EngineError, RolloutError, UserExit, as_failure, contained, must_propagate
 from agentrl.rollout.loop_thread import LoopBlocked, LoopThread
 from agentrl.rollout.tasks import retry_seed
 from agentrl.rollout.trajectory_check import episode_problem
@@ -125,7 +125,7 @@ class GuardedEnv:
         try:
             result = await self._env.reset(*args, **kwargs)
         except BaseException as e:
-            if as_failure(e) is e and not isinstance(e, Exception):  # a cancellation, a real Ctrl-C
+            if must_propagate(e):  # a cancellation, a real Ctrl-C
                 raise
             raise EnvFailure(_describe(e, "reset")) from e
         self._check("reset", reset_problem(result, per_answer=self._per_answer))
@@ -138,7 +138,7 @@ class GuardedEnv:
         try:
             result = await self._env.step(*args, **kwargs)
         except BaseException as e:
-            if as_failure(e) is e and not isinstance(e, Exception):  # a cancellation, a real Ctrl-C
+            if must_propagate(e):  # a cancellation, a real Ctrl-C
                 raise
             raise EnvFailure(_describe(e, "step")) from e
         self._check("step", step_problem(result, strict=False, per_answer=self._per_answer))
@@ -307,13 +307,7 @@ class RolloutCollector:
         versions = _engine_version(self.llm)
         try:
             guarded = GuardedEnv(env, bool(getattr(spec.agent, "per_answer_rewards", False)))
-            try:
-                out = await spec.agent.run_episode(task, guarded, self.llm)
-            except BaseException as e:  # SystemExit and the like from the agent: its episode fails
-                failure = as_failure(e)
-                if failure is e:
-                    raise
-                raise failure from e
+            out = await contained(spec.agent.run_episode(task, guarded, self.llm))  # its sys.exit fails it
             after = _engine_version(self.llm)
             span = (versions, after) if versions is not None and after is not None else None
             problem = episode_problem(out, task, self.vocab_size, span)
@@ -330,7 +324,7 @@ class RolloutCollector:
                 if callable(close):
                     close()
             except BaseException as e:  # closing a broken env must not hide the episode's own outcome
-                if as_failure(e) is e and not isinstance(e, Exception):
+                if must_propagate(e):
                     raise
 
 
@@ -361,10 +355,9 @@ async def guarded(coro: Coroutine, timeout: float | None) -> tuple[Any, tuple[st
     try:
         return (await (coro if timeout is None else asyncio.wait_for(coro, timeout))), None
     except BaseException as e:
-        failure = as_failure(e)
-        if not isinstance(failure, Exception):  # a cancellation or a real Ctrl-C: stop
+        if must_propagate(e):  # a cancellation or a real Ctrl-C: stop
             raise
-        return None, classify(failure, timeout)
+        return None, classify(as_failure(e), timeout)
 
 
 def classify(e: BaseException, timeout: float | None) -> tuple[str, str]:
