@@ -229,9 +229,9 @@ class RolloutCollector:
                          f"rollout.episode_timeout={self.timeout}s (synchronous work inside an async reset, step "
                          "or agent); run such work with `await asyncio.to_thread(...)`", self.max_retries)
             if abandoned > self.max_retries:
-                where = culprit.errors[-1][culprit.errors[-1].rindex(" ("):]
+                last = culprit.errors[-1][culprit.errors[-1].rindex(" (") + 2:-1]  # tag, env seed, attempt
                 raise LoopBlocked(f"the episodes' event loop was blocked {abandoned} times in one collection for "
-                                  f"longer than rollout.episode_timeout={self.timeout}s (last{where[1:]}: env or "
+                                  f"longer than rollout.episode_timeout={self.timeout}s (last: {last}): env or "
                                   "agent code blocks it with synchronous work inside an async reset/step; run such "
                                   "work with `await asyncio.to_thread(...)`", blocked)
         return self._result(episodes)
