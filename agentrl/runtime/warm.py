@@ -82,16 +82,18 @@ def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str],
     ws = cfg.model.warm_start
     demo_tags = [plan[i * len(plan) // ws.batch_size] for i in range(ws.batch_size)]  # the batch's mix
 
+    failed: list[str] = []  # every failed attempt of a demonstration, said once at the end
+
     def demos(step: int):
         tasks = TaskSource(cfg.seed, 1, ()).demonstrations(step, demo_tags)
         client.reset_entropy()
         result = collector.collect(tasks)
         check_failed(result, cfg.rollout.max_failed_fraction, f"warm start step {step}: demonstrations")
-        if result.errors:
-            log(f"warm start step {step}: {result.failed_episodes} of {result.episodes} demonstration episodes "
-                f"failed (left out); first error: {result.errors[0]}")
+        failed.extend(result.errors)
+        # TODO: the entropy floor also counts replies of failed episodes (rare; it only nudges when to stop).
         return result.trajectories, client.reply_entropy
 
     stats = warm_start(model, demos, ws, tokenizer.pad_token_id, log)
-    log(f"warm start done: {stats['steps']} steps, loss {stats['loss']:.4f} (floor {stats['floor']:.4f})")
+    left_out = f"; {len(failed)} demonstration attempts failed (first: {failed[0]})" if failed else ""
+    log(f"warm start done: {stats['steps']} steps, loss {stats['loss']:.4f} (floor {stats['floor']:.4f}){left_out}")
     return model, tokenizer
