@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from agentrl.errors import AgentRLError
+from agentrl.hub import offline
 
 
 def _fields_help() -> str:
@@ -203,6 +204,7 @@ class _Terminated(KeyboardInterrupt):
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `agentrl` console script."""
     ns = _parser().parse_args(argv)
+    offline()  # before any command imports transformers: nothing a command runs reaches for the Hub
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:

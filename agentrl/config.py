@@ -195,7 +195,8 @@ class Config:
     """Exact run folder (overrides output_dir/exp_name)."""
     imports: list[str] = field(default_factory=list)
     """Python modules or .py files imported before the run is built, e.g. one that registers its
-    own envs and agents with register_env / register_agent."""
+    own envs and agents with register_env / register_agent; a file is imported as the module of
+    its own name (path/my_agent.py: my_agent), which no other module may hold."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     env: EnvConfig = field(default_factory=EnvConfig)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -106,19 +105,46 @@ def load_builtins() -> None:
         importlib.import_module(module)
 
 
+# The modules `import_file` loaded: each process of a run imports them itself (Ray actors too).
+FILE_MODULES: set[str] = set()
+
+
 def import_file(path: Path) -> ModuleType:
-    """The module of a .py file, imported once per process under a name derived from its path
-    (so a file named both in `imports` and in an agent's entry is one module)."""
+    """The module of a .py file, imported once per process under its own name, the file's stem
+    (`imports=[path/my_agent.py]` makes `my_agent:run` and `import my_agent` work); a name that
+    another module holds, or that would shadow one on the import path, is refused."""
     path = path.expanduser().resolve()
     if not path.is_file():
         raise FileNotFoundError(f"no such file {path}")
-    key = f"agentrl_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, path)
-        sys.modules[key] = module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[key]  # a half-imported module must not be found next time
-            raise
-    return sys.modules[key]
+    name = path.stem
+    held = sys.modules.get(name)
+    if held is not None:
+        if _origin(getattr(held, "__file__", None)) == path:
+            return held
+        raise ImportError(f"{path} would be module '{name}', the name of {_shown(getattr(held, '__file__', None))}; "
+                          "rename the file")
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        found = None
+    if found is not None and _origin(found.origin) != path:
+        raise ImportError(f"{path} would be module '{name}', the name of {_shown(found.origin)}; rename the file")
+    spec = importlib.util.spec_from_file_location(name, path)
+    sys.modules[name] = module = importlib.util.module_from_spec(spec)
+    FILE_MODULES.add(name)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # a half-imported module must not be found next time
+        FILE_MODULES.discard(name)
+        raise
+    return module
+
+
+def _origin(file: str | None) -> Path | None:
+    return Path(file).resolve() if file and file not in ("built-in", "frozen") else None
+
+
+def _shown(origin: str | None) -> str:
+    """Where a module comes from, for an error message."""
+    return origin if origin and origin not in ("built-in", "frozen") else "a module of Python or an installed package"

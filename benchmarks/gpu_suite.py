@@ -52,6 +52,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import rollout_throughput as rt  # noqa: E402  (its clients, limit loop, clocks and memory probes)
 
 from agentrl.config import LoraConfig, load_config  # noqa: E402
+from agentrl.models.embedded import cache_root  # noqa: E402
 from agentrl.models.loading import load_pretrained  # noqa: E402
 from agentrl.models.qwen_shape import QWEN_SHAPES, build_qwen_shaped  # noqa: E402
 from agentrl.registry import load_builtins  # noqa: E402
@@ -221,7 +222,8 @@ def prepare(shape: str, args, device: torch.device) -> dict:
         folder = Path(args.model_path).expanduser()
     else:
         name = f"{shape}-quick" if args.quick else shape
-        folder = Path(args.model_dir).expanduser() / name
+        root = Path(args.model_dir).expanduser() if args.model_dir else cache_root(load_config()) / "qwen-shapes"
+        folder = root / name
         if not (folder / "config.json").is_file():
             print(f"building {name} at {folder}", file=sys.stderr)
             build_qwen_shaped(shape, folder, seed=args.seed, **(QUICK_SHAPE if args.quick else {}))
@@ -255,7 +257,8 @@ def main() -> None:
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--steps", type=int, default=4, help="training steps of each staleness run")
     p.add_argument("--eval-episodes", type=int, default=8)
-    p.add_argument("--model-dir", default="~/.cache/agentrl/qwen-shapes", help="where the shapes are built once")
+    p.add_argument("--model-dir", default=None, help="where the shapes are built once (default: qwen-shapes in "
+                   "agentrl's model cache, $AGENTRL_CACHE or ~/.cache/agentrl)")
     p.add_argument("--model-path", default=None, help="measure this Hugging Face folder instead of the shapes")
     p.add_argument("--quick", action="store_true", help="reduced shape, 4 episodes, 2 turns, 2 steps (CPU smoke)")
     p.add_argument("--seed", type=int, default=0)

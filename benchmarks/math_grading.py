@@ -7,6 +7,7 @@ Grader's start-up (fork, import, first parse), which happens once per process, a
 cost of a pathological answer: the time limit plus a worker restart.
 
     .venv/bin/python benchmarks/math_grading.py [--answers 256] [--timeout 2]
+    .venv/bin/python benchmarks/math_grading.py --quick     # 16 answers: a smoke run
 
 The last line is a JSON summary; compare ratios, not seconds, on a shared machine.
 """
@@ -37,7 +38,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--answers", type=int, default=256)
     p.add_argument("--timeout", type=float, default=2.0)
+    p.add_argument("--quick", action="store_true", help="16 answers, for a smoke run")
     a = p.parse_args()
+    if a.quick:
+        a.answers = 16
     pairs = _answers(a.answers)
     import logging
 

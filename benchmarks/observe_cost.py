@@ -11,6 +11,7 @@ health/input_dependence cross-scoring against the score stage it sits next to.
 
     python benchmarks/observe_cost.py
     python benchmarks/observe_cost.py --run runs/frozen_lake     # also that run's dumps
+    python benchmarks/observe_cost.py --quick                    # 8 short episodes, once: a smoke run
 """
 
 from __future__ import annotations
@@ -92,7 +93,10 @@ def main() -> None:
     p.add_argument("--reply", type=int, default=400, help="generated ids per episode (all turns)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--run", type=Path, help="a run folder whose dumps to measure too")
+    p.add_argument("--quick", action="store_true", help="8 episodes of 40 + 40 ids, one repeat, for a smoke run")
     args = p.parse_args()
+    if args.quick:
+        args.episodes, args.prompt, args.reply, args.repeats = 8, 40, 40, 1
     torch.manual_seed(0)
     tokenizer = build_tokenizer(CORPUS, vocab_size=384)
     model = build_model(TinyModelConfig(), tokenizer, seed=0).eval()

@@ -21,6 +21,7 @@ The last line is a JSON summary.
 
     python benchmarks/ray_overhead.py                               # 1 engine, 1 env manager, 6 steps
     python benchmarks/ray_overhead.py --replicas 2 --managers 2 --steps 60 --learn   # the full run
+    python benchmarks/ray_overhead.py --quick      # a tiny model, 2 steps, 1 MB synced once: a smoke run
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -45,21 +47,30 @@ from agentrl.runtime.local import train
 from agentrl.runtime.warm import load_policy
 from agentrl.runtime.weight_sync import make_transport
 
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "frozen_lake.yaml"
+# --quick: a tiny model warm-started for a few steps, small batches (tests/e2e/test_train.py's TINY)
+QUICK = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64",
+         "model.tiny.vocab_size=300", "model.warm_start.max_steps=4", "model.warm_start.batch_size=4",
+         "rollout.batch_size=4", "rollout.group_size=2", "actor.ppo_mini_batch_size=4", "actor.micro_batch_size=2",
+         "env.max_turns=3", "env.args.max_steps=3"]
 
-def run_one(name: str, args: argparse.Namespace, model: Path, folder: Path, extra: list[str]) -> dict:
+
+def run_one(name: str, args: argparse.Namespace, model: Path, folder: Path, extra: list[str],
+            base: list[str]) -> dict:
     """One training run (local, ray or ray_http); its wall time, step times and summary."""
     kind = "local" if name == "local" else "ray"
     if name == "ray_http":
         extra = [*extra, "runtime.engine_transport=http"]
-    over = [f"model.path={model}", f"run_dir={folder / name}", f"trainer.total_steps={args.steps}",
+    over = [*base, f"model.path={model}", f"run_dir={folder / name}", f"trainer.total_steps={args.steps}",
             "trainer.progress=false", "trainer.logger=[jsonl]", f"runtime.kind={kind}",
             f"runtime.num_threads={args.threads}", *extra]
     if not args.learn:
-        over += ["trainer.test_freq=0", "trainer.eval_episodes=8"]
+        over += ["trainer.test_freq=0", f"trainer.eval_episodes={2 if args.quick else 8}"]
     if kind == "ray":
         over += [f"runtime.actor_infer.world_size={args.replicas}", f"runtime.env_managers={args.managers}",
                  f"runtime.actor_infer.num_cpus={args.engine_cpus}"]
-    cfg = load_config("configs/frozen_lake.yaml", over)
+    cfg = load_config(CONFIG, over)
     t0 = time.perf_counter()
     summary = train(cfg, overwrite=True, log=lambda m: print(f"  {m}", file=sys.stderr))
     wall = time.perf_counter() - t0
@@ -143,17 +154,35 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--skip-runs", action="store_true", help="only the weight-sync measurement")
     p.add_argument("--threads", type=int, default=1,
                    help="runtime.num_threads: torch threads of every process, local and each Ray actor")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny model, 2 steps, small batches, 1 MB synced once to 1 receiver (smoke run)")
     args = p.parse_args(argv)
+    base = QUICK if args.quick else []
+    if args.quick:
+        args.steps, args.mb, args.receivers, args.repeats = 2, 1, 1, 1
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     folder = Path(tempfile.mkdtemp(prefix="agentrl-bench-"))
-    cfg = load_config("configs/frozen_lake.yaml")
+    ray_temp = tempfile.mkdtemp(prefix="agentrl-ray-")
+    try:
+        summary = measure(args, base, folder, ray_temp)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(ray_temp, ignore_errors=True)
+    print(json.dumps(summary))
+    return summary
+
+
+def measure(args: argparse.Namespace, base: list[str], folder: Path, ray_temp: str) -> dict:
+    """The runs (unless --skip-runs) and the weight-sync times; the summary."""
+    cfg = load_config(CONFIG, base)
     load_builtins()
     load_policy(cfg, make_env_factories(cfg), log=lambda m: print(f"  {m}", file=sys.stderr))
     model = cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
     summary: dict = {"cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 1), "steps": args.steps,
-                     "replicas": args.replicas, "managers": args.managers, "threads": args.threads}
+                     "replicas": args.replicas, "managers": args.managers, "threads": args.threads,
+                     "quick": args.quick}
     if not args.skip_runs:
-        runs = {name: run_one(name, args, model, folder, []) for name in ("local", "ray", "ray_http")}
+        runs = {name: run_one(name, args, model, folder, [], base) for name in ("local", "ray", "ray_http")}
         for name, r in runs.items():
             print(f"{name:8s} {json.dumps(r)}", flush=True)
         summary.update({f"{k}_{key}": v for k, r in runs.items() for key, v in r.items()})
@@ -164,19 +193,18 @@ def main(argv: list[str] | None = None) -> dict:
         summary["http_over_local_step"] = round(runs["ray_http"]["step_s"] / runs["local"]["step_s"], 3)
         if torch.cuda.is_available():  # written for a GPU machine; the trainer and engine share GPU 0
             gpu = run_one("ray", args, model, folder / "gpu", ["runtime.actor_train.device_mapping=[0]",
-                                                                "runtime.actor_infer.device_mapping=[0]"])
+                                                                "runtime.actor_infer.device_mapping=[0]"], base)
             summary.update({f"gpu_colocated_{k}": v for k, v in gpu.items()})
     from agentrl.runtime.ray import init_cluster
 
     import ray
 
-    init_cluster(temp_dir=tempfile.mkdtemp(prefix="agentrl-ray-"))
+    init_cluster(temp_dir=ray_temp)
     try:
         summary.update(sync_times(args.mb, args.receivers, args.repeats, folder))
     finally:
         ray.shutdown()
     summary["sync_mb"] = args.mb
-    print(json.dumps(summary))
     return summary
 
 

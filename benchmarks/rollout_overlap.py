@@ -18,6 +18,7 @@ two equal halves). The last line is a JSON summary.
 
     python benchmarks/rollout_overlap.py
     python benchmarks/rollout_overlap.py --model large --rounds 4 --updates 4
+    python benchmarks/rollout_overlap.py --quick                 # one round, one update, once: a smoke run
 """
 
 from __future__ import annotations
@@ -154,7 +155,10 @@ def main() -> None:
     p.add_argument("--updates", type=int, default=6, help="update steps")
     p.add_argument("--split", default="1,1", help="generation,update torch threads for the split runs")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="one round, one update step, one repeat (smoke run)")
     args = p.parse_args()
+    if args.quick:
+        args.rounds, args.updates, args.repeats = 1, 1, 1
     split = tuple(int(x) for x in args.split.split(","))
     rows = []
     for rep in range(args.repeats):

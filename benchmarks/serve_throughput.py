@@ -14,6 +14,7 @@ load of other work moves both.
     python benchmarks/serve_throughput.py                      # tiny model (h=64, 2 layers)
     python benchmarks/serve_throughput.py --hidden 256 --layers 4
     python benchmarks/serve_throughput.py --client httpx           # without the openai SDK's own cost
+    python benchmarks/serve_throughput.py --quick                  # 4 sessions x 2 turns, once: a smoke run
 The last line is a JSON summary.
 """
 
@@ -147,8 +148,11 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--client", choices=["openai", "httpx"], default="openai",
                    help="the sessions' client: the openai SDK (what agents use) or plain httpx (the server alone)")
+    p.add_argument("--quick", action="store_true", help="4 sessions of 2 turns, one repeat (smoke run)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.quick:
+        args.sessions, args.turns, args.repeats = 4, 2, 1
     if args.child:
         return child(args)
     proc = subprocess.Popen([sys.executable, __file__, "--child", "--hidden", str(args.hidden), "--layers",

@@ -11,6 +11,7 @@ reach 0.8 of the optimum with a budget, a 0.6M-parameter transformer reading tex
 
     python benchmarks/slippery_budget.py                        # 200 x 32 episodes, seeds 0-2
     python benchmarks/slippery_budget.py --steps 800 --hole-reward -1 --credit state
+    python benchmarks/slippery_budget.py --quick                # 5 steps, seed 0: a smoke run
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ def main() -> None:
     p.add_argument("--hole-reward", type=float, default=0.0)
     p.add_argument("--credit", choices=["batch", "state"], default="batch")
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--quick", action="store_true", help="5 steps of seed 0, for a smoke run")
     args = p.parse_args()
+    if args.quick:
+        args.steps, args.seeds = 5, "0"
     P = gym.make("FrozenLake-v1", map_name="4x4", is_slippery=True).unwrapped.P
     optimum = optimal_success(P, 16, args.horizon)
     results = [greedy_success(P, train_table(P, args.steps, args.batch, args.lr, args.horizon, args.hole_reward,

@@ -1,5 +1,7 @@
 """Shared fixtures: a tiny tokenizer and model built locally (nothing downloaded)."""
 
+import os
+
 import pytest
 import torch
 
@@ -10,6 +12,19 @@ CORPUS = [
     "assistant\n<answer>Left</answer> <answer>Right</answer> <answer>Up</answer> <answer>Down</answer>",
     "system\nYou are a helpful agent. What is 12 + 7? The answer is 19.",
 ] * 20
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_model_cache(tmp_path_factory):
+    """The model cache of a test that names none (model.cache_dir) is this session's own, in this
+    process and the ones it starts: no test reads what a user's ~/.cache/agentrl holds, or fills it."""
+    before = os.environ.get("AGENTRL_CACHE")
+    os.environ["AGENTRL_CACHE"] = str(tmp_path_factory.mktemp("agentrl_cache"))
+    yield
+    if before is None:
+        os.environ.pop("AGENTRL_CACHE", None)
+    else:
+        os.environ["AGENTRL_CACHE"] = before
 
 
 @pytest.fixture(scope="session")

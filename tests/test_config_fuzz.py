@@ -222,7 +222,7 @@ def test_cli_prints_one_line_and_builds_no_model(args, expected, tmp_path):
 def test_binary_garbage_config_file_is_one_line(tmp_path):
     path = tmp_path / "garbage.yaml"
     path.write_bytes(bytes(range(256)) * 4)
-    res = _cli(str(path))
+    res = _cli(str(path), cwd=tmp_path)
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "garbage.yaml is not a UTF-8 text file" in lines[0], res.stderr[-2000:]
@@ -231,7 +231,7 @@ def test_binary_garbage_config_file_is_one_line(tmp_path):
 def test_duplicate_yaml_keys_are_an_error_naming_key_and_file(tmp_path):
     path = tmp_path / "dup.yaml"
     path.write_text("trainer:\n  total_steps: 5\n  test_freq: 1\n  total_steps: 50\n")
-    res = _cli(str(path))
+    res = _cli(str(path), cwd=tmp_path)
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "dup.yaml" in lines[0] and "key 'total_steps' is given twice (lines 2 and 4)" in lines[0]

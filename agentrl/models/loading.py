@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 from agentrl.errors import ConfigError
+from agentrl.hub import offline
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: paths are local folders
+offline()  # never reach for a hub: paths are local folders (also for callers that are no entry point)
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -22,7 +22,6 @@ from agentrl.config import Config
 from agentrl.envs.service import close_env
 from agentrl.errors import ConfigError
 from agentrl.models.lora import apply_lora
-from agentrl.registry import load_builtins
 from agentrl.rollout.source import RolloutSource, rollout_source
 from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.envs import check_templates, make_budget, make_collector
@@ -64,24 +63,26 @@ class RunParts:
     eval_baselines: dict[str, Callable]
 
 
-def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print, tokenizer: Any = None) -> Trainer:
+def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print, tokenizer: Any = None,
+                  factories: dict[str, Callable] | None = None) -> Trainer:
     """The trainer of `cfg`, with every part built here (with `tokenizer` instead of the model's
-    own when given)."""
-    parts = build_parts(cfg, log, tokenizer)
+    own when given; `factories`: the env factories of a preflight the caller already ran)."""
+    parts = build_parts(cfg, log, tokenizer, factories)
     trainer = Trainer(cfg, parts.actor, parts.rollout, parts.tokenizer, run_dir, eval_baselines=parts.eval_baselines,
                       reference=parts.reference, critic=parts.critic)
     trainer.log = log
     return trainer
 
 
-def build_parts(cfg: Config, log: Callable[[str], None] = print, tokenizer: Any = None) -> RunParts:
+def build_parts(cfg: Config, log: Callable[[str], None] = print, tokenizer: Any = None,
+                factories: dict[str, Callable] | None = None) -> RunParts:
     """Check the config, then build the policy, the rollout side and the learning side.
 
     The order of the steps that draw random numbers is fixed: the same config and seed give
     the same parts."""
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
-    model, tokenizer, factories = build_policy(cfg, log, tokenizer)
+    model, tokenizer, factories = build_policy(cfg, log, tokenizer, factories)
     model.to(device)
     seed_everything(cfg.seed)
     rollout = build_rollout(cfg, model, tokenizer, factories, device)
@@ -89,12 +90,14 @@ def build_parts(cfg: Config, log: Callable[[str], None] = print, tokenizer: Any 
     return RunParts(tokenizer, rollout, actor, reference, critic, eval_baselines(factories))
 
 
-def build_policy(cfg: Config, log: Callable[[str], None], tokenizer: Any = None) -> tuple[Any, Any, dict[str, Callable]]:
-    """(model, tokenizer, env factories per tag), after every check that needs no model; from
-    here on this process computes with the run's torch threads (the warm start included)."""
-    load_builtins()
+def build_policy(cfg: Config, log: Callable[[str], None], tokenizer: Any = None,
+                 factories: dict[str, Callable] | None = None) -> tuple[Any, Any, dict[str, Callable]]:
+    """(model, tokenizer, env factories per tag), after every check that needs no model (run
+    here unless `factories` comes from a preflight the caller ran); from here on this process
+    computes with the run's torch threads (the warm start included)."""
     pin_threads(cfg.runtime.num_threads)
-    factories = preflight(cfg)  # every model-free check, before the model is built or warm-started
+    if factories is None:
+        factories = preflight(cfg)  # every model-free check, before the model is built or warm-started
     check_loss_mode(cfg.actor.policy_loss.loss_mode)  # after `imports`, which may register modes
     model, tokenizer = load_policy(cfg, factories, log, tokenizer)
     check_templates(cfg, tokenizer)

@@ -23,7 +23,7 @@ from agentrl.envs.service import close_env
 from agentrl.errors import AgentRLError, ConfigError, EnvError, RegistryError
 from agentrl.llm.conversation import TokenBudget, check_chat_template
 from agentrl.llm.engine import SamplingParams
-from agentrl.registry import AGENTS, ENVS, import_file
+from agentrl.registry import AGENTS, ENVS, import_file, load_builtins
 from agentrl.rollout.collector import RolloutCollector, TagSpec
 
 
@@ -50,6 +50,7 @@ def where(cfg: Config, tag: str) -> str:
 
 def make_env_factories(cfg: Config) -> dict[str, Callable[[], Any]]:
     """{tag: zero-argument env constructor}; checks types and arguments by building one of each."""
+    load_builtins()  # a caller that never started a run (a script, a benchmark) still finds the built-ins
     return {tag: _env_factory(definition.type, definition.args, where(cfg, tag))
             for tag, definition in cfg.env_definitions().items()}
 
@@ -114,6 +115,7 @@ def agent_class(cfg: Config, tag: str) -> tuple[type, str]:
     its args are checked against its constructor (seed-style classes take theirs as they are)."""
     section = f"custom_envs.{tag}.agent" if cfg.env_definitions()[tag].agent is not None else "agent"
     agent_cfg = cfg.agent_for(tag)
+    load_builtins()
     try:
         cls = AGENTS.get(agent_cfg.type)
     except RegistryError as e:

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config, save_config
+from agentrl.hub import offline
 from agentrl.runtime.build import build_trainer
+from agentrl.runtime.preflight import preflight
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
                                         resume_changes, run_step)
 from agentrl.runtime.threads import kept_threads
@@ -24,10 +26,14 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
     """The run folder, checked and locked while the run writes it, and every part built: yields
     the trainer to fit, or the summary of a run that is already finished (resume).
 
-    The folder is checked before any model is built. A new run refuses a folder that holds
-    another run unless `overwrite` (which clears it first); a resume refuses config changes that
-    alter the run's meaning, and writes config.yaml only once the checkpoint has loaded.
+    Every check comes before any model is built. A new run checks its config first (a config
+    mistake is the error a user sees, and leaves no folder behind), then refuses a folder that
+    holds another run unless `overwrite` (which clears it first). A resume first refuses config
+    changes that alter the run's meaning (what such a change breaks is not the error to show),
+    then checks the config, and writes config.yaml only once the checkpoint has loaded.
     """
+    offline()  # the Python API's runs too: an agent's from_pretrained never waits on the network
+    factories = None if resume else preflight(cfg)
     run_dir = check_folder(cfg)
     # The run computes on runtime.num_threads; the caller's own count comes back at the end.
     with RunLock(run_dir), kept_threads():
@@ -40,10 +46,11 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
                     f"{cfg.trainer.total_steps}); nothing to do: raise trainer.total_steps to train further")
                 yield done
                 return
+            factories = preflight(cfg)
         else:
             prepare_fresh(run_dir, overwrite)
             save_config(cfg, run_dir / "config.yaml")
-        with placed(cfg, run_dir, log, tokenizer) as trainer:
+        with placed(cfg, run_dir, log, tokenizer, factories) as trainer:
             if resume:
                 trainer._restore()
                 # Only now is the new config proven to fit the run: write it and record what changed.
@@ -53,16 +60,18 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
 
 
 @contextmanager
-def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Any) -> Iterator[Any]:
-    """The trainer of `cfg`: built in this process (runtime.kind=local), or its parts placed as
-    Ray actors (runtime.kind=ray, runtime/ray.py: a handle with the same fit / _restore / step_idx)."""
+def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Any,
+           factories: dict[str, Callable[[], Any]]) -> Iterator[Any]:
+    """The trainer of `cfg` (whose preflight gave `factories`): built in this process
+    (runtime.kind=local), or its parts placed as Ray actors (runtime.kind=ray, runtime/ray.py: a
+    handle with the same fit / _restore / step_idx)."""
     if cfg.runtime.kind == "ray":
         from agentrl.runtime.ray import ray_trainer
 
-        with ray_trainer(cfg, run_dir, log, tokenizer) as trainer:
+        with ray_trainer(cfg, run_dir, log, tokenizer, factories) as trainer:
             yield trainer
     else:
-        yield build_trainer(cfg, run_dir, log, tokenizer)
+        yield build_trainer(cfg, run_dir, log, tokenizer, factories)
 
 
 def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Any = None,

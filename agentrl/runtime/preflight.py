@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import copy
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config
 from agentrl.errors import ConfigError, RegistryError
-from agentrl.registry import ESTIMATORS
+from agentrl.registry import ESTIMATORS, load_builtins
 from agentrl.runtime.envs import check_agents, import_user_modules, make_agent, make_env_factories
 from agentrl.runtime.serving import check_serving
 
 
 def preflight(cfg: Config) -> dict[str, Callable[[], Any]]:
     """Run every model-free check of `cfg`; returns the env factories (one per tag)."""
+    load_builtins()
     check_estimator(cfg)
     check_context(cfg)
     check_lora(cfg)
@@ -98,31 +100,50 @@ def check_lora(cfg: Config) -> None:
 
 class StandInTokenizer:
     """What agent constructors read of a tokenizer, before the real one exists (it is built with
-    the model)."""
+    the model): its special ids, and `name_or_path`, a folder that `AutoTokenizer.from_pretrained`
+    loads (a small tokenizer, saved there when first asked for), so that a seed agent's
+    `tokenizer_path` names a real folder, never a Hub repository."""
 
     eos_token_id = 0
     pad_token_id = 0
-    name_or_path = None
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @property
+    def name_or_path(self) -> str:
+        """The stand-in's tokenizer folder (written on first use)."""
+        if not (self.folder / "tokenizer_config.json").is_file():
+            from agentrl.models.tiny import build_tokenizer
+
+            build_tokenizer(["a stand-in tokenizer"], vocab_size=300).save_pretrained(self.folder)
+        return str(self.folder)
 
 
 def check_agent_args(cfg: Config) -> None:
     """Build each tag's agent with a stand-in tokenizer; a constructor that rejects its args
     (TypeError / ValueError) fails now, naming the argument (agent.args.<name>)."""
-    for tag in cfg.env_definitions():
-        error = _build_error(cfg, tag, None)
-        args = cfg.agent_for(tag).args
-        if error is None or not args or _build_error(cfg, tag, {}) is not None:
-            continue  # fine, or the stand-in tokenizer is not enough to judge: the real build will tell
-        section = f"custom_envs.{tag}.agent" if cfg.env_definitions()[tag].agent is not None else "agent"
-        for name, value in args.items():  # the one argument that fails on its own, if any
-            alone = _build_error(cfg, tag, {name: value})
-            if alone is not None:
-                raise ConfigError(f"{section}.args.{name}={value!r} is rejected by agent type "
-                                  f"'{cfg.agent_for(tag).type}': {alone.split(': ', 1)[-1]}")
-        raise ConfigError(error)  # only the arguments together are rejected
+    with tempfile.TemporaryDirectory(prefix="agentrl-stand-in-") as tmp:
+        stand_in = StandInTokenizer(Path(tmp) / "tokenizer")
+        for tag in cfg.env_definitions():
+            _check_tag_args(cfg, tag, stand_in)
 
 
-def _build_error(cfg: Config, tag: str, args: dict | None) -> str | None:
+def _check_tag_args(cfg: Config, tag: str, stand_in: StandInTokenizer) -> None:
+    error = _build_error(cfg, tag, None, stand_in)
+    args = cfg.agent_for(tag).args
+    if error is None or not args or _build_error(cfg, tag, {}, stand_in) is not None:
+        return  # fine, or the stand-in tokenizer is not enough to judge: the real build will tell
+    section = f"custom_envs.{tag}.agent" if cfg.env_definitions()[tag].agent is not None else "agent"
+    for name, value in args.items():  # the one argument that fails on its own, if any
+        alone = _build_error(cfg, tag, {name: value}, stand_in)
+        if alone is not None:
+            raise ConfigError(f"{section}.args.{name}={value!r} is rejected by agent type "
+                              f"'{cfg.agent_for(tag).type}': {alone.split(': ', 1)[-1]}")
+    raise ConfigError(error)  # only the arguments together are rejected
+
+
+def _build_error(cfg: Config, tag: str, args: dict | None, stand_in: StandInTokenizer) -> str | None:
     """Why building `tag`'s agent (with `args` instead of the configured ones) fails, or None.
 
     Only a rejection of the arguments counts (make_agent turns TypeError / ValueError into a
@@ -133,7 +154,7 @@ def _build_error(cfg: Config, tag: str, args: dict | None) -> str | None:
         cfg = copy.deepcopy(cfg)
         cfg.agent_for(tag).args = args
     try:
-        make_agent(cfg, tag, StandInTokenizer())
+        make_agent(cfg, tag, stand_in)
     except ConfigError as e:
         return str(e)
     except Exception:  # noqa: BLE001 (the stand-in is not enough for this agent: no verdict)

@@ -34,8 +34,8 @@ from typing import Any
 from agentrl.config import Config
 from agentrl.config_runtime import placement_summary
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.hub import offline_env
 from agentrl.metrics import write_summary
-from agentrl.registry import load_builtins
 from agentrl.runtime.build import build_policy, needs_reference, seed_everything
 from agentrl.runtime.engine_client import first_line
 from agentrl.runtime.placement import HEAD, Plan, check_resources, choose_transport, options, plan_placement, reserve
@@ -63,13 +63,13 @@ def require_ray() -> Any:
 
 def worker_env() -> dict[str, Any]:
     """The job's runtime env: the driver's own import paths (a script's folder, tests/), so actors
-    unpickle the classes it registered."""
+    unpickle the classes it registered, and its Hub offline mode (agentrl/hub.py)."""
     roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     paths = [p for p in sys.path if p and os.path.isdir(p) and not any(
         os.path.realpath(p).startswith(r) for r in roots)]
     # An engine reads its weights with a blocking get on purpose: it must not step meanwhile.
     return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
-                         "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0"}}
+                         "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0", **offline_env()}}
 
 
 def init_cluster(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: str | None = None,
@@ -141,12 +141,13 @@ def actor_config(cfg: Config, run_dir: Path) -> Config:
 
 @contextlib.contextmanager
 def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
-                tokenizer: Any = None) -> Iterator[RayRun]:
+                tokenizer: Any = None, factories: dict[str, Callable] | None = None) -> Iterator[RayRun]:
     """The run's parts placed on Ray; yields what the local runtime's trainer offers (fit,
-    _restore, step_idx), and stops every actor at the end."""
+    _restore, step_idx), and stops every actor at the end (`factories`: the env factories of a
+    preflight the caller already ran)."""
     ray = require_ray()
-    load_builtins()
-    preflight(cfg)  # every model-free check before the cluster starts
+    if factories is None:
+        factories = preflight(cfg)  # every model-free check before the cluster starts
     t_start = time.perf_counter()
     plan = plan_placement(cfg, reference=needs_reference(cfg), critic=cfg.critic.enable)
     if not ray.is_initialized() and not cfg.runtime.address:
@@ -159,7 +160,7 @@ def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
         actors = Actors()
         try:
             seed_everything(cfg.seed)
-            model, tokenizer, _ = build_policy(cfg, log, tokenizer)  # as the local runtime: same draws
+            model, tokenizer, _ = build_policy(cfg, log, tokenizer, factories)  # as the local runtime: same draws
             t_policy = time.perf_counter()
             run = launch(cfg, plan, pg, model, tokenizer, run_dir, log, actors)
             del model  # the actors hold their own copies

@@ -12,7 +12,7 @@ import torch
 from agentrl.config import Config
 from agentrl.config_runtime import RoleConfig
 from agentrl.models.loading import DTYPES
-from agentrl.registry import AGENTS, ENVS, ESTIMATORS, POLICY_LOSSES, load_builtins
+from agentrl.registry import AGENTS, ENVS, ESTIMATORS, FILE_MODULES, POLICY_LOSSES, load_builtins
 from agentrl.runtime.threads import pin_threads
 
 REGISTRIES = {"env": ENVS, "agent": AGENTS, "estimator": ESTIMATORS, "policy_loss": POLICY_LOSSES}
@@ -92,7 +92,7 @@ def user_registrations() -> dict[str, dict[str, Any]]:
         for name in registry.names():
             obj = registry.get(name)
             module = getattr(obj, "__module__", "") or ""
-            if not (module == "agentrl" or module.startswith(("agentrl.", "agentrl_user_"))):
+            if not (module == "agentrl" or module.startswith("agentrl.") or module in FILE_MODULES):
                 out.setdefault(kind, {})[name] = obj
     return out
 

@@ -168,11 +168,11 @@ def test_a_bad_loss_mode_fails_before_torch_is_imported():
     assert out[0].startswith("actor.policy_loss.loss_mode: unknown") and out[1] == "False"
 
 
-def test_cli_names_the_unknown_loss_mode_in_one_line():
+def test_cli_names_the_unknown_loss_mode_in_one_line(tmp_path):
     import subprocess
     import sys
 
     res = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "actor.policy_loss.loss_mode=ppo2"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, cwd=tmp_path)  # not the checkout: its runs/ may hold a run
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "actor.policy_loss.loss_mode" in res.stderr

@@ -121,7 +121,7 @@ def test_start_up_errors_are_one_line(case, tmp_path, bad_template_dir, capsys):
 
 def test_unknown_tag_through_the_cli_process(tmp_path):
     res = _agentrl("train", "custom_envs={lake: {type: frozen_lake}, sums: {type: math}}",
-                   "val_env_manager.tags=[lake, sumz]", cwd=ROOT)
+                   "val_env_manager.tags=[lake, sumz]", cwd=tmp_path)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and lines == ["agentrl: error: val_env_manager.tags: unknown tag 'sumz'. "
                                              "Did you mean 'sums'? Defined: lake, sums"]

@@ -15,6 +15,7 @@ import pytest
 from agentrl.config import load_config
 from agentrl.dumps import list_dumps, read_dump
 from agentrl.errors import CollapseError
+from agentrl.health import ALARMS
 from agentrl.metrics import read_jsonl
 from agentrl.runtime.local import train
 
@@ -198,6 +199,9 @@ def test_a_collapsing_run_raises_alarms_and_on_collapse_stop_rolls_back_and_resu
     assert stopped <= 4 and [line for line in lines if "collapse alarm" in line]  # warned, then stopped
     message = str(e.value)
     assert "trainer.on_collapse=stop" in message and "agentrl resume" in message and "\n" not in message
+    # Which alarm crosses first depends on the floats of the machine: any of them stops the run.
+    stopping = set(re.search(r"on collapse alarm ([\w, ]+) \(", message).group(1).split(", "))
+    assert stopping and stopping <= set(ALARMS), message
     # rolled back: every checkpoint from the first bad step on is moved aside
     kept = [int(p.name[5:]) for p in (tmp_path / "checkpoints").glob("step_*")]
     aside = [int(p.name[len("collapsed_step_"):]) for p in (tmp_path / "checkpoints").glob("collapsed_step_*")]
@@ -215,7 +219,9 @@ def test_a_collapsing_run_raises_alarms_and_on_collapse_stop_rolls_back_and_resu
         for k, v in r.items():
             if k.startswith("health/alarm_") and v:
                 first.setdefault(k[len("health/alarm_"):], r["step"])
-    assert {"entropy", "dead_groups"} <= set(first), first
-    assert rows[-1]["health/entropy_ratio"] < 0.1 and rows[-1]["health/dead_groups"] == 1.0
+    # the resumed run replays the steps after the checkpoint as a straight run would: the alarms
+    # that stopped it fire again, at the step they stopped it
+    assert all(first.get(name) == stopped for name in stopping), (first, stopping, stopped)
     warned = [line for line in res.stderr.splitlines() if "collapse alarm" in line]
     assert warned and all("health." in line for line in warned)
+    assert {name for name in first} == {re.search(r": (\w+): ", line).group(1) for line in warned}

@@ -166,6 +166,23 @@ def test_train_into_a_folder_holding_a_run_refuses_and_changes_nothing(run_copy)
     assert _snapshot(run) == before  # metrics, checkpoints, config: all as they were
 
 
+@pytest.mark.parametrize("override, expected", [
+    ("env.type=frozen_lak", "env.type: unknown env type 'frozen_lak'. Did you mean 'frozen_lake'?"),
+    ("algorithm.adv_estimator=gea", "unknown advantage estimator 'gea'. Did you mean 'gae'?"),
+])
+def test_a_wrong_config_into_a_folder_holding_a_run_names_the_config_first(run_copy, tmp_path, override, expected):
+    """Two mistakes at once: the config's is the one to fix first (the folder's would only lead
+    to a second error after --overwrite), and neither folder changes."""
+    run, cache = run_copy
+    before = _snapshot(run)
+    line = _one_line(_cli("train", *_train_args(run, cache, override)))
+    assert expected in line and "already holds a run" not in line
+    assert _snapshot(run) == before
+    fresh = tmp_path / "fresh"
+    assert expected in _one_line(_cli("train", *_train_args(fresh, cache, override)))
+    assert not fresh.exists()  # a config error leaves no run folder behind
+
+
 def test_train_with_overwrite_starts_over_and_keeps_its_own_checkpoints(run_copy):
     run, cache = run_copy
     res = _cli("train", "--overwrite", *_train_args(run, cache, "trainer.total_steps=2", "trainer.save_freq=1"))

@@ -22,9 +22,14 @@ TINY = [
 ]
 
 
+ROOT = Path(__file__).parents[2]
+
+
 def _agentrl(*args, cwd=None, env=None):
+    """The CLI in a process of its own, importing this checkout's agentrl whatever `cwd` is."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, **(env or {})}, timeout=600)
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": path, **(env or {})}, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +40,7 @@ def cache_dir(tmp_path_factory):
 def test_smoke_run_of_the_cli_writes_the_run_folder(tmp_path, cache_dir):
     run = tmp_path / "run"
     res = _agentrl("train", "configs/frozen_lake.yaml", *TINY, f"run_dir={run}", f"model.cache_dir={cache_dir}",
-                   cwd=Path(__file__).parents[2])
+                   cwd=ROOT)
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads((run / "summary.json").read_text())
     for key in ("eval_success_before", "eval_success_after", "eval_optimum", "wall_seconds"):
@@ -100,23 +105,40 @@ def test_ppo_with_critic_and_filters_trains_and_resumes(tmp_path, cache_dir):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["configs/frozen_lake.yaml", "trainer.totl_steps=5"], "Did you mean 'trainer.total_steps'?"),
+    ([str(ROOT / "configs/frozen_lake.yaml"), "trainer.totl_steps=5"], "Did you mean 'trainer.total_steps'?"),
     (["model.path=/nonexistent/model/dir"], "model.path='/nonexistent/model/dir': no such directory"),
     (["env.type=frozen_lak"], "unknown env type 'frozen_lak'. Did you mean 'frozen_lake'?"),
     (["rollout.batch_size=30"], "not a multiple of rollout.group_size=8"),
     (["algorithm.adv_estimator=gea"], "unknown advantage estimator 'gea'. Did you mean 'gae'?"),
     (["algorithm.adv_estimator=gae"], "needs a value model: set critic.enable=true"),
 ])
-def test_cli_errors_are_one_line(args, expected):
-    res = _agentrl("train", *args, cwd=Path(__file__).parents[2])
+def test_cli_errors_are_one_line(args, expected, tmp_path):
+    # In a folder of its own: the default run folder (runs/frozen_lake) may hold a user's run in
+    # the checkout, and a config error must not depend on it, nor leave a folder behind.
+    res = _agentrl("train", *args, cwd=tmp_path)
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], res.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["json", "tabnanny"])  # a module already imported; one only on the import path
+def test_an_imported_file_named_like_another_module_is_refused_in_one_line(tmp_path, name):
+    """A .py file in `imports` becomes the module of its own name: one that would replace
+    another is refused, naming both, before it runs."""
+    (tmp_path / "mine").mkdir()
+    path = tmp_path / "mine" / f"{name}.py"
+    path.write_text("raise RuntimeError('this file must not run')\n")
+    res = _agentrl("train", f"imports=[{path}]", cwd=tmp_path)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+    assert f"{path} would be module '{name}', the name of " in lines[0] and "rename the file" in lines[0]
+    assert "must not run" not in lines[0]
 
 
 def test_yaml_syntax_error_and_config_name(tmp_path):
     (tmp_path / "broken.yaml").write_text("trainer:\n  total_steps: [3\n")
-    res = _agentrl("train", "--config-path", str(tmp_path), "--config-name", "broken")
+    res = _agentrl("train", "--config-path", str(tmp_path), "--config-name", "broken", cwd=tmp_path)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "YAML syntax error" in res.stderr and "broken.yaml" in res.stderr
 

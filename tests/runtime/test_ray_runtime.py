@@ -186,6 +186,21 @@ def test_two_trainer_ranks_update_as_one_and_a_dead_rank_stops_the_run_until_res
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3]
 
 
+def test_an_env_from_a_file_in_imports_trains_on_ray_and_resumes(cluster, cache, tmp_path):
+    """`imports=[path/my_lake.py]`: the driver and every actor import the file as module
+    `my_lake` (actors import it themselves: its registrations do not travel pickled)."""
+    (tmp_path / "mine").mkdir()
+    module = tmp_path / "mine" / "my_lake.py"
+    module.write_text("from agentrl.envs.frozen_lake import FrozenLakeEnv\nfrom agentrl.registry import register_env\n"
+                      "\n\n@register_env('my_lake')\nclass MyLake(FrozenLakeEnv):\n    pass\n")
+    run = tmp_path / "run"
+    args = ["train", "configs/frozen_lake.yaml", *LAKE, f"model.path={_model(cache, LAKE)}", f"run_dir={run}",
+            "runtime.kind=ray", f"imports=[{module}]", "env.type=my_lake", "trainer.total_steps=2"]
+    assert cli.main(args) == 0
+    assert cli.main(["resume", str(run), "trainer.total_steps=3"]) == 0
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3]
+
+
 def _weight_diffs(a, b):
     from safetensors.torch import load_file
 

@@ -60,7 +60,7 @@ def dataset(tmp_path_factory):
 @pytest.fixture(scope="module")
 def seed_module():
     import_user_modules(Config(imports=[MODULE]))
-    return sys.modules[next(m for m in sys.modules if m.startswith("agentrl_user_areal_math_agent"))]
+    return sys.modules["areal_math_agent"]
 
 
 def test_seed_agent_and_env_train_unchanged_through_the_cli(tmp_path, dataset, seed_module):
@@ -300,3 +300,115 @@ def test_an_env_with_reset_and_step_only_trains_with_our_own_agent(tmp_path):
     assert "eval_success_after" in summary
     assert any("is not demonstrated (its env has no sample_action" in m for m in logs)
     assert any(m.startswith("warm start skipped") for m in logs)
+
+
+# A user's module: a seed-style agent that loads its tokenizer from `tokenizer_path`, as seed 001's
+# does, and notes what it was given; and an env it plays (reset/step with (qid, answers)).
+PATH_AGENT = '''
+import json, os
+from transformers import AutoTokenizer
+from agentrl import register_agent, register_env
+
+@register_agent("path-noting-agent")
+class PathNotingAgent:
+    def __init__(self, gconfig, tokenizer_path, tries=1):
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        if tries < 1:
+            raise ValueError(f"tries must be at least 1, got {tries}")
+        if "NOTED_PATHS" in os.environ:
+            with open(os.environ["NOTED_PATHS"], "a") as f:
+                f.write(json.dumps({"path": tokenizer_path, "vocab": len(self.tokenizer)}) + "\\n")
+        self.gconfig = gconfig.new(n=1)
+
+    async def collect_trajectory(self, prompt, env, obs_queue, act_queue):
+        await obs_queue.put((prompt.ids[0], list(prompt.data["packed_prompts"]), self.gconfig))
+        act = await act_queue.get()
+        await env.step((prompt.ids[0], [self.tokenizer.decode(act.output_ids[0], skip_special_tokens=True)]))
+
+@register_env("say-yes")
+class SayYes:
+    async def reset(self, seed=None, options=None):
+        return f"Question {seed}: say yes.", {}
+
+    async def step(self, action):
+        _, answers = action
+        return None, [float("yes" in a) for a in answers], True, False, {}
+
+    def sample_action(self, rng):
+        return "yes"
+'''
+# Any connection or name lookup beyond this machine is noted and refused, in the process run.
+NO_NETWORK = '''
+import os, socket, sys
+LOCAL = {"localhost", socket.gethostname(), socket.getfqdn()}
+
+def _refuse(what):
+    with open(os.environ["NETWORK_ATTEMPTS"], "a") as f:
+        f.write(what + "\\n")
+    raise OSError(f"no network in this test: {what}")
+
+def _local(host):
+    host = host.decode() if isinstance(host, bytes) else str(host)
+    return host in LOCAL or host.startswith(("127.", "::1", "0.0.0.0")) or host in ("", "None")
+
+_getaddrinfo, _connect, _connect_ex = socket.getaddrinfo, socket.socket.connect, socket.socket.connect_ex
+
+def getaddrinfo(host, *args, **kwargs):
+    if host is not None and not _local(host):
+        _refuse(f"getaddrinfo {host}")
+    return _getaddrinfo(host, *args, **kwargs)
+
+def connect(self, address):
+    if self.family in (socket.AF_INET, socket.AF_INET6) and not _local(address[0]):
+        _refuse(f"connect {address}")
+    return _connect(self, address)
+
+def connect_ex(self, address):
+    if self.family in (socket.AF_INET, socket.AF_INET6) and not _local(address[0]):
+        _refuse(f"connect {address}")
+    return _connect_ex(self, address)
+
+socket.getaddrinfo, socket.socket.connect, socket.socket.connect_ex = getaddrinfo, connect, connect_ex
+'''
+RUN = {
+    "cli": "from agentrl.cli import main\nsys.exit(main(sys.argv[1:]))\n",
+    # the user's script imported transformers (and the Hub's settings) before agentrl
+    "api": "import transformers\nimport agentrl\nagentrl.fit(overrides=sys.argv[2:])\n",
+}
+
+
+@pytest.mark.parametrize("entry", sorted(RUN))
+def test_a_seed_agent_loading_its_tokenizer_trains_without_reaching_for_the_network(tmp_path, entry):
+    """The agent's `AutoTokenizer.from_pretrained(tokenizer_path)` gets a folder that loads, in the
+    start-up check and in the run, and nothing in the run tries to reach the Hugging Face Hub."""
+    module = tmp_path / "path_agent.py"
+    module.write_text(PATH_AGENT)
+    noted, attempts = tmp_path / "noted.jsonl", tmp_path / "network.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(PYTHONPATH=str(ROOT), NOTED_PATHS=str(noted), NETWORK_ATTEMPTS=str(attempts))
+    res = subprocess.run([sys.executable, "-c", NO_NETWORK + RUN[entry], "train", f"imports=[{module}]",
+                          "env.type=say-yes", "env.max_turns=1", "agent.type=path-noting-agent", *TINY,
+                          f"run_dir={tmp_path / 'run'}", f"model.cache_dir={tmp_path / 'cache'}"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert not attempts.exists(), attempts.read_text()
+    paths = read_jsonl(noted)
+    assert len(paths) >= 2 and all(p["vocab"] > 0 for p in paths)  # the start-up check's, then the run's
+    from transformers import AutoTokenizer
+
+    run_folder = Path(paths[-1]["path"])  # the run's tokenizer, in the model cache
+    assert run_folder.is_dir() and len(AutoTokenizer.from_pretrained(run_folder)) == paths[-1]["vocab"]
+
+
+def test_a_seed_agent_loading_its_tokenizer_has_its_arguments_checked_before_any_model(tmp_path):
+    """The start-up check builds the agent on a stand-in tokenizer whose folder loads, so a
+    rejected argument is one line before the warm start, not after it."""
+    module = tmp_path / "path_agent.py"
+    module.write_text(PATH_AGENT)
+    res = _agentrl("train", f"imports=[{module}]", "env.type=say-yes", "agent.type=path-noting-agent",
+                   "agent.args.tries=0", *TINY, f"run_dir={tmp_path / 'run'}", f"model.cache_dir={tmp_path / 'cache'}")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-3000:]
+    assert "agent.args.tries=0 is rejected by agent type 'path-noting-agent'" in lines[0]
+    assert "tries must be at least 1, got 0" in lines[0]
+    assert not (tmp_path / "cache").exists()  # no model was built or warm-started

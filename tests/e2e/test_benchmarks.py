@@ -1,0 +1,47 @@
+"""Every script in benchmarks/ runs from a fresh clone in its quickest mode (`--quick`), as a user
+runs it: a process of its own, started outside the checkout with an empty model cache, ending
+with its JSON summary line. A smoke run: no timing is asserted (a reduced budget on a shared CPU
+says nothing about speed). A new script is covered by being in the folder."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
+NEEDS = {"ray_overhead": "ray"}  # optional backends some scripts measure (the dev extra installs them)
+
+
+def _gpu_suite(summary: dict) -> None:
+    """The reduced shape runs every section."""
+    (shape,) = summary["shapes"].values()
+    assert summary["quick"]
+    assert shape["rollout"]["generated_tokens"] > 0 and shape["rollout"]["speedup_vs_lockstep"] > 0
+    gap = shape["precision"]["gap"]
+    assert gap["fp32"]["max"] >= 0 and gap["bf16_weights"]["mean"] >= 0
+    update = shape["update"]
+    assert update["full"]["tokens_per_s"] > 0 and update["lora"]["tokens_per_s"] > 0
+    assert update["sync"]["lora"]["tensor_elements"] < update["sync"]["full"]["tensor_elements"]
+    assert shape["staleness"]["k0_step_seconds"] > 0 and shape["staleness"]["k1_step_seconds"] > 0
+
+
+CHECKS = {"gpu_suite": _gpu_suite}  # what a script's summary must hold beyond being one
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_a_benchmark_runs_from_a_clone_in_its_quick_mode(script, tmp_path):
+    if script.stem in NEEDS:
+        pytest.importorskip(NEEDS[script.stem], reason=f"{NEEDS[script.stem]} is not installed")
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # this checkout's agentrl
+    env = {**os.environ, "PYTHONPATH": path, "AGENTRL_CACHE": str(tmp_path / "cache")}
+    res = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert isinstance(summary, dict) and summary
+    CHECKS.get(script.stem, lambda s: None)(summary)
