@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 import textwrap
@@ -224,6 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         return commands[ns.command](ns)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A full disk outside a checkpoint write (metrics, logs): the checkpoints written so far stand.
+        where = f" writing {e.filename}" if e.filename else (f" writing in {_RUN_DIR[0]}" if _RUN_DIR else "")
+        how = f"; free some space and resume with `agentrl resume {_RUN_DIR[0]}`" if _RUN_DIR else ""
+        print(f"agentrl: error: {e.strerror or 'no space left'}{where}{how}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         how = f"; resume with `agentrl resume {_RUN_DIR[0]}`" if _RUN_DIR and ns.command != "eval" else ""

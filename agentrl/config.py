@@ -109,14 +109,19 @@ class RolloutConfig:
     """With max_staleness >= 1: correct samples from older policies with the decoupled PPO
     objective (actor.use_decoupled_loss, turned on unless actor.tis_imp_ratio_cap is set), or
     drop every group not generated wholly by the current policy."""
-    episode_timeout: Optional[float] = None
-    """Seconds one episode attempt may take before it is ended as a timeout (null: no limit)."""
+    episode_timeout: Optional[float] = 600.0
+    """Seconds one episode attempt may take before it is ended as a timeout and retried (warm-start
+    demonstrations and random play included). The default is far above a normal episode, so an env
+    that hangs costs its step 10 minutes, not the run; a loop blocked that long by synchronous env
+    code is left behind and its episode fails as a timeout. null: no limit (a hanging env then
+    stalls the run; a warning after 10 minutes)."""
     max_retries: int = 1
     """Attempts after the first for an episode that failed (env/agent exception, engine error,
     timeout), each with a fresh env; when they run out the episode's whole group is dropped."""
     max_failed_fraction: float = 0.5
     """Training stops with an error when more than this fraction of a step's episodes failed
-    every attempt (a broken env, not bad luck); below it, failed groups are only dropped."""
+    every attempt (a broken env, not bad luck), and always when every one of them did; below it,
+    failed groups are only dropped."""
 
 
 # ---------------------------------------------------------------------------- engine

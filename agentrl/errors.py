@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import reprlib
-from collections.abc import Iterable
-from typing import Any
+import threading
+from collections.abc import Awaitable, Iterable
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 SHOWN_MAX = 200  # characters of a value an error line quotes
 
 _REPR = reprlib.Repr()
@@ -65,3 +68,52 @@ class TrainingError(AgentRLError):
 
 class CollapseError(AgentRLError):
     """A collapse alarm stopped the run (trainer.on_collapse=stop); the folder is resumable."""
+
+
+class UserExit(AgentRLError):
+    """Env or agent code raised SystemExit, KeyboardInterrupt or another BaseException that is not an
+    Exception. Carried as an ordinary exception so that it fails its episode: asyncio re-raises the
+    first two out of its event loop, which would end the whole run with nothing said."""
+
+
+def as_failure(e: BaseException) -> BaseException:
+    """`e` as an episode may fail with it: a BaseException raised by user code becomes a UserExit
+    (naming it); returned unchanged when it is an Exception already or must propagate: asyncio's
+    own cancellation (a timeout, a stop), GeneratorExit, and a KeyboardInterrupt on the main
+    thread, where a real Ctrl-C arrives."""
+    if isinstance(e, Exception) or isinstance(e, GeneratorExit):
+        return e
+    if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+        return e
+    if isinstance(e, asyncio.CancelledError) and _being_cancelled():
+        return e
+    failure = UserExit(f"{type(e).__name__}{f': {e}' if str(e) else ''}")
+    failure.__cause__ = e
+    return failure
+
+
+async def contained(awaitable: Awaitable[T]) -> T:
+    """Await user code (an agent's episode); a BaseException it raises becomes a UserExit, so that
+    it fails the episode instead of leaving the event loop (see `as_failure`)."""
+    try:
+        return await awaitable
+    except BaseException as e:
+        failure = as_failure(e)
+        if failure is e:
+            raise
+        raise failure from e
+
+
+def must_propagate(e: BaseException) -> bool:
+    """Whether `e` must go on up rather than fail an episode (see `as_failure`)."""
+    return not isinstance(as_failure(e), Exception)
+
+
+def _being_cancelled() -> bool:
+    """Whether the running task was asked to stop (Python >= 3.11 can tell; before, assume so)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return True
+    cancelling = getattr(task, "cancelling", None)
+    return task is None or cancelling is None or cancelling() > 0

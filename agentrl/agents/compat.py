@@ -58,7 +58,7 @@ from agentrl.agents.seed_api import (Agent, BundledGenerationOutputs, Generation
 from agentrl.agents.seed_data import SeedRow
 from agentrl.envs.base import Env
 from agentrl.envs.contract import is_finite_number
-from agentrl.errors import ConfigError, EnvError
+from agentrl.errors import ConfigError, EnvError, contained
 from agentrl.llm.conversation import Conversation, TokenBudget, completion_versions
 from agentrl.llm.engine import Completion, LLMClient, SamplingParams
 from agentrl.trajectory import Task, TokenRecord, Trajectory
@@ -178,8 +178,9 @@ class SeedAgentAdapter:
         prompt = SequenceSample.prompt(qid, conv.prompt_ids(), question)
         obs_queue: asyncio.Queue = asyncio.Queue()
         act_queue: asyncio.Queue = asyncio.Queue()
-        runner = asyncio.ensure_future(self.agent.collect_trajectory(
-            prompt, _EnvView(env, (obs, reset_info), record), obs_queue, act_queue))
+        # The agent runs in a task of its own: its sys.exit must fail the episode, not leave the loop.
+        runner = asyncio.ensure_future(contained(self.agent.collect_trajectory(
+            prompt, _EnvView(env, (obs, reset_info), record), obs_queue, act_queue)))
         reason: str | None = None
         try:
             reason = await self._serve(task, llm, runner, obs_queue, act_queue, record)

@@ -49,6 +49,9 @@ def resolve_entry(entry: Any) -> Any:
     module_name, name = entry.split(":")
     try:
         module = _import(module_name)
+    except SystemExit as e:  # a module that exits would end the run with nothing said
+        raise ValueError(f"agent.args.entry={entry!r}: module {module_name!r} called sys.exit({e.code!r}) while "
+                         "being imported; the module must only define the function") from None
     except Exception as e:  # noqa: BLE001 (whatever the user's module raises, one line names it)
         first = (str(e).strip().splitlines() or [""])[0]
         raise ValueError(f"agent.args.entry={entry!r}: cannot import {module_name!r}: {type(e).__name__}: {first}") from None

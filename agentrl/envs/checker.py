@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 from agentrl.envs.contract import reset_problem, step_problem
 from agentrl.envs.contract import short as _short
 from agentrl.envs.service import close_env
-from agentrl.errors import EnvError
+from agentrl.errors import EnvError, must_propagate
 
 ADVERSARIAL_REPLIES = (
     "", " ", "\n\t\r", "x" * 1_000_000, "<answer>" * 20_000, "</answer>" * 20_000,
@@ -85,7 +85,9 @@ class _Checker:
     async def reset(self, env: Any, seed: int | None) -> tuple[str, dict]:
         try:
             result = await env.reset(seed=seed)
-        except Exception as e:
+        except BaseException as e:  # SystemExit and the like too: the env's, to report, not to exit on
+            if must_propagate(e):  # asyncio's cancellation, a real Ctrl-C
+                raise
             self.fail("reset", f"reset(seed={seed}) raised {type(e).__name__}: {e}")
         self.check_reset(result, seed)
         return result
@@ -93,7 +95,9 @@ class _Checker:
     async def step(self, env: Any, action: str, where: str) -> tuple:
         try:
             result = await env.step(action)
-        except Exception as e:
+        except BaseException as e:
+            if must_propagate(e):
+                raise
             self.fail("step", f"step({_short(action)}) {where} raised {type(e).__name__}: {e}")
         self.check_step(result, action, where)
         return result

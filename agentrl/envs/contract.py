@@ -26,7 +26,12 @@ def short(value: Any, limit: int = 60) -> str:
 
 def is_finite_number(x: Any) -> bool:
     """A finite real number (int, float, numpy scalar) that is not a bool."""
-    return isinstance(x, Real) and not isinstance(x, (bool, np.bool_)) and math.isfinite(x)
+    if not isinstance(x, Real) or isinstance(x, (bool, np.bool_)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float (10**400)
+        return False
 
 
 def is_flag(x: Any) -> bool:

@@ -6,33 +6,38 @@ instance; their engine requests meet in the engine's batches. Each task names it
 definition (its tag): the collector builds that tag's env and plays it with that tag's agent,
 so one batch can mix FrozenLake, Sokoban and math.
 
-Faults stay inside the episode they hit. An env or agent exception, an engine error or a
-timeout (`timeout` seconds per attempt) ends that attempt with its reason recorded; the episode
-is retried with a fresh env (same env seed, so it stays in its group; a new sampling seed, so
-the retry is a new sample) up to `max_retries` times. When the retries run out the whole group
-is dropped: a partial group would bias the group baseline. A timeout can only interrupt an
-episode at an `await`: env work that may take long belongs off the event loop (see envs/base.py).
+Faults stay inside the episode they hit. An env or agent exception (SystemExit, KeyboardInterrupt
+and other BaseExceptions of user code included), an engine error, a timeout (`timeout` seconds
+per attempt) or a result the trainer cannot use (rollout/trajectory_check.py) ends that attempt
+with its reason recorded; the episode is retried with a fresh env (same env seed, so it stays in
+its group; a new sampling seed, so the retry is a new sample) up to `max_retries` times. When the
+retries run out the whole group is dropped: a partial group would bias the group baseline. A
+timeout can only interrupt an episode at an `await`: env work that may take long belongs off the
+event loop (see envs/base.py).
 
 `collect` runs the event loop in a thread of its own and watches it from the calling thread,
-which so stays responsive to Ctrl-C and SIGTERM whatever the episodes do: with a timeout, a loop
-that stops running (env code blocking it) for longer than the timeout is a RolloutError; without
-one, a collection still running after HANG_WARN_SECONDS gets a warning.
+which so stays responsive to Ctrl-C and SIGTERM whatever the episodes do. With a timeout, a loop
+that stops running (env code blocking it) for longer than the timeout is left behind and the
+episode that blocked it fails as a timeout (`collect` says how); without one, a collection still
+running after HANG_WARN_SECONDS gets a warning. On an interrupt the episodes' thread gets
+STOP_SECONDS to stop before the interrupt goes on: a thread still inside torch when the
+interpreter shuts down would abort the process (SIGABRT) instead of letting it exit.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
-import threading
-import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from agentrl.envs.contract import reset_problem, step_problem
-from agentrl.errors import EngineError, RolloutError
+from agentrl.errors import EngineError, RolloutError, UserExit, as_failure, contained, must_propagate
+from agentrl.rollout.loop_thread import LoopBlocked, LoopThread
 from agentrl.rollout.tasks import retry_seed
+from agentrl.rollout.trajectory_check import episode_problem
 from agentrl.trajectory import Task, Trajectory
 
 if TYPE_CHECKING:  # types only: the collector imports the env contract's checks, never an env or agent
@@ -41,13 +46,6 @@ if TYPE_CHECKING:  # types only: the collector imports the env contract's checks
     from agentrl.llm.engine import LLMClient
 
 FAILURE_KINDS = ("env", "agent", "engine", "timeout", "worker")  # worker: the process playing it died (Ray)
-WATCH_SECONDS = 1.0  # how often the calling thread checks on the episodes' event loop
-HANG_WARN_SECONDS = 600.0  # without an episode timeout, warn once when a collection runs this long
-
-
-def warn_hang(message: str) -> None:
-    """Tell the user a collection may hang (stderr, where the CLI writes its log)."""
-    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -56,40 +54,6 @@ class TagSpec:
 
     env_factory: Callable[[], "Env"]
     agent: "Agent"
-
-
-class LoopWatch:
-    """Watches an event loop that runs episodes from another thread, which stays free to take a
-    Ctrl-C: `check` raises a RolloutError once the loop has not run for longer than the episode
-    timeout (env code blocking it), and without a timeout warns once after HANG_WARN_SECONDS."""
-
-    def __init__(self, timeout: float | None, waiting: str) -> None:
-        self.timeout = timeout
-        self.waiting = waiting  # what is awaited, for the warning: "32 episodes have been collecting"
-        self.start = self.beat = time.monotonic()
-        self.warned = False
-
-    def check(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        """Call about every WATCH_SECONDS while waiting on `loop` (None: not started yet)."""
-        now = time.monotonic()
-        if self.timeout is not None and loop is not None:
-            blocked = now - self.beat
-            if blocked > self.timeout + 2 * WATCH_SECONDS:
-                raise RolloutError(
-                    f"the episodes' event loop has not run for {blocked:.0f} s, longer than "
-                    f"rollout.episode_timeout={self.timeout}s: env or agent code blocks it (synchronous "
-                    "work inside an async reset/step); run such work with `await asyncio.to_thread(...)`")
-            try:  # the loop stamps the time when it gets to run this
-                loop.call_soon_threadsafe(self._stamp)
-            except RuntimeError:  # the loop closed meanwhile: the wait is about to end
-                pass
-        elif self.timeout is None and not self.warned and now - self.start > HANG_WARN_SECONDS:
-            self.warned = True
-            warn_hang(f"{self.waiting} for {now - self.start:.0f} s; if an env or agent "
-                      "hangs, set rollout.episode_timeout to end such episodes")
-
-    def _stamp(self) -> None:
-        self.beat = time.monotonic()
 
 
 @dataclass
@@ -124,11 +88,25 @@ class CollectResult:
         return out
 
 
+def check_failed(result: CollectResult, max_fraction: float, what: str, errors_at: str = "") -> None:
+    """Stop with one line (RolloutError) when more than `max_fraction` of the collection's episodes
+    failed every attempt, or every one of them did (nothing is left to train on): a broken env or
+    agent, not bad luck. `errors_at` names the file that holds every error."""
+    failed, n = result.failed_episodes, result.episodes
+    if not failed or (failed <= max_fraction * n and failed < n):
+        return
+    why = (f"more than rollout.max_failed_fraction={max_fraction}" if failed > max_fraction * n
+           else "every one of them")
+    where = f"; all errors are in {errors_at}" if errors_at else ""
+    first = result.errors[0] if result.errors else "none recorded"
+    raise RolloutError(f"{what}: {failed} of {n} episodes failed every attempt ({why}); first error: {first}{where}")
+
+
 class EnvFailure(Exception):
     """An exception raised inside the env's reset or step (as opposed to the agent's code)."""
 
 
-class _GuardedEnv:
+class GuardedEnv:
     """The env as the agent sees it: calls pass through, the env's own exceptions are tagged,
     and what reset and step return is checked against the env contract (envs/contract.py), so a
     reward "1.0", a NaN reward or info["success"]="no" fails the episode as an env error naming
@@ -146,7 +124,9 @@ class _GuardedEnv:
     async def reset(self, *args: Any, **kwargs: Any) -> Any:
         try:
             result = await self._env.reset(*args, **kwargs)
-        except Exception as e:
+        except BaseException as e:
+            if must_propagate(e):  # a cancellation, a real Ctrl-C
+                raise
             raise EnvFailure(_describe(e, "reset")) from e
         self._check("reset", reset_problem(result, per_answer=self._per_answer))
         if not self._reset and isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
@@ -157,7 +137,9 @@ class _GuardedEnv:
     async def step(self, *args: Any, **kwargs: Any) -> Any:
         try:
             result = await self._env.step(*args, **kwargs)
-        except Exception as e:
+        except BaseException as e:
+            if must_propagate(e):  # a cancellation, a real Ctrl-C
+                raise
             raise EnvFailure(_describe(e, "step")) from e
         self._check("step", step_problem(result, strict=False, per_answer=self._per_answer))
         return result
@@ -167,17 +149,54 @@ class _GuardedEnv:
             raise EnvFailure(f"EnvError in {method}: {type(self._env).__name__}.{method}() {problem[1]}")
 
 
+@dataclass
+class _Episode:
+    """One episode of a collection: its task, the attempt running (or next), what failed, what it gave."""
+
+    task: Task
+    attempt: int = 0
+    errors: list[str] = field(default_factory=list)  # "kind: message (where, attempt k)"
+    kinds: list[str] = field(default_factory=list)  # the failure kind of each error
+    retries: int = 0
+    out: list[Trajectory] | None = None
+    done: bool = False
+
+    def sampling_task(self) -> Task:
+        """The task of the current attempt: the same env seed, a fresh sampling seed per retry."""
+        task = self.task
+        for attempt in range(1, self.attempt + 1):
+            task = replace(task, sampling_seed=retry_seed(task.sampling_seed, attempt))
+        return task
+
+    def fail(self, kind: str, message: str, max_retries: int) -> None:
+        """Record the current attempt's failure; move on to the next attempt, or give up."""
+        where = f"tag {self.task.tag}, " if self.task.tag else ""
+        self.errors.append(f"{kind}: {message} ({where}env seed {self.task.env_seed}, attempt {self.attempt + 1})")
+        self.kinds.append(kind)
+        self.attempt += 1
+        if self.attempt > max_retries:
+            self.done = True
+        else:
+            self.retries += 1
+
+
 class RolloutCollector:
-    """Plays many episodes at once, each with its tag's env and agent, through one engine."""
+    """Plays many episodes at once, each with its tag's env and agent, through one engine.
+
+    What an agent returns is checked before it is kept (rollout/trajectory_check.py): ids within
+    `vocab_size`, finite logprobs, the engine's policy versions, the right types; anything else
+    fails the episode as an agent error.
+    """
 
     def __init__(self, tags: Mapping[str, TagSpec], llm: "LLMClient", *,
-                 timeout: float | None = None, max_retries: int = 0) -> None:
+                 timeout: float | None = None, max_retries: int = 0, vocab_size: int | None = None) -> None:
         if not tags:
             raise ValueError("RolloutCollector needs at least one tag")
         self.tags = dict(tags)
         self.llm = llm
         self.timeout = timeout
         self.max_retries = max_retries
+        self.vocab_size = vocab_size  # token ids an agent returns must lie below it (None: unchecked)
 
     @classmethod
     def single(cls, env_factory: Callable[[], "Env"], agent: "Agent", llm: "LLMClient", tag: str = "",
@@ -186,88 +205,114 @@ class RolloutCollector:
         return cls({tag: TagSpec(env_factory, agent)}, llm, **kw)
 
     def collect(self, tasks: list[Task]) -> CollectResult:
-        """Run every task to the end (blocking); keep only groups whose episodes all finished."""
-        live: dict[str, Any] = {"loop": None, "task": None}
-        done, box = threading.Event(), {}
+        """Run every task to the end (blocking); keep only groups whose episodes all finished.
 
-        async def main() -> CollectResult:
-            live["loop"], live["task"] = asyncio.get_running_loop(), asyncio.current_task()
-            return await self.acollect(tasks)
+        The episodes run in an event loop on a thread of their own, watched from this one. A loop
+        that env or agent code blocks past the episode timeout is left behind (its thread cannot
+        be stopped): the episode that blocked it fails as a timeout, the others replay their
+        current attempt in a fresh loop; after `max_retries + 1` such loops the collection stops
+        with a RolloutError, since the env blocks systematically.
+        """
+        self._check_tags(tasks)
+        episodes = [_Episode(t) for t in tasks]
+        abandoned = 0
+        while any(not ep.done for ep in episodes):
+            index, blocked = self._round([ep for ep in episodes if not ep.done])
+            if index is None:
+                continue
+            abandoned += 1
+            # The blocked loop keeps its episodes: should the blocking call ever return, they
+            # change those, not the copies the next loop plays (which replay their current attempt).
+            episodes = [replace(ep, errors=list(ep.errors), kinds=list(ep.kinds)) for ep in episodes]
+            culprit = [ep for ep in episodes if not ep.done][index]
+            culprit.fail("timeout", f"the episode blocked the event loop for {blocked:.0f} s, longer than "
+                         f"rollout.episode_timeout={self.timeout}s (synchronous work inside an async reset, step "
+                         "or agent); run such work with `await asyncio.to_thread(...)`", self.max_retries)
+            if abandoned > self.max_retries:
+                last = culprit.errors[-1][culprit.errors[-1].rindex(" (") + 2:-1]  # tag, env seed, attempt
+                raise LoopBlocked(f"the episodes' event loop was blocked {abandoned} times in one collection for "
+                                  f"longer than rollout.episode_timeout={self.timeout}s (last: {last}): env or "
+                                  "agent code blocks it with synchronous work inside an async reset/step; run such "
+                                  "work with `await asyncio.to_thread(...)`", blocked)
+        return self._result(episodes)
 
-        def run() -> None:
-            try:
-                box["result"] = asyncio.run(main())
-            except BaseException as e:  # handed to the calling thread
-                box["error"] = e
-            finally:
-                done.set()
+    def _round(self, todo: list[_Episode]) -> tuple[int | None, float]:
+        """Play `todo` in a fresh loop on a thread of its own until all are done: (None, 0); or,
+        when env code blocks the loop past the timeout, (the index in `todo` of the episode that
+        blocked it, seconds blocked)."""
+        owner: dict[asyncio.Task, _Episode] = {}  # every task of the loop -> the episode it serves
 
-        # A daemon thread: an env blocked for good must not keep the process alive after an interrupt.
-        threading.Thread(target=run, name="agentrl-collect", daemon=True).start()
+        async def play_all() -> None:
+            asyncio.get_running_loop().set_task_factory(partial(_owned_task, owner))
+            await asyncio.gather(*(self._owned_play(ep, owner) for ep in todo))
+
+        thread = LoopThread(self.timeout, f"{len(todo)} episodes have been collecting")
         try:
-            self._watch(done, live, len(tasks))
-        except BaseException:
-            loop, task = live["loop"], live["task"]
-            if loop is not None and task is not None and not done.is_set():
-                try:
-                    loop.call_soon_threadsafe(task.cancel)  # episodes that can still stop, stop
-                except RuntimeError:  # the loop closed meanwhile
-                    pass
-            raise
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
+            thread.run(play_all)
+        except LoopBlocked as e:
+            culprit = owner.get(thread.running_task())
+            if culprit is None:  # blocked outside any episode: nothing to blame, nothing to replay
+                raise
+            thread.abandon()  # should the blocking call ever return, its episodes stop there
+            return next(i for i, ep in enumerate(todo) if ep is culprit), e.blocked
+        return None, 0.0
 
-    def _watch(self, done: threading.Event, live: dict[str, Any], n: int) -> None:
-        """Wait for the collection; raise when its loop is blocked past the timeout, warn on a long one."""
-        watch = LoopWatch(self.timeout, f"{n} episodes have been collecting")
-        while not done.wait(WATCH_SECONDS):
-            watch.check(live["loop"])
+    async def _owned_play(self, ep: _Episode, owner: dict[asyncio.Task, _Episode]) -> None:
+        owner[asyncio.current_task()] = ep
+        await self._play(ep)
+
+    def _check_tags(self, tasks: list[Task]) -> None:
+        unknown = sorted({t.tag for t in tasks} - set(self.tags))
+        if unknown:  # a wiring bug, not an episode failure: fail loudly
+            raise ValueError(f"tasks name tags {unknown} this collector has no env for; known: {sorted(self.tags)}")
 
     async def acollect(self, tasks: list[Task], first_attempt: int = 0) -> CollectResult:
         """Async form of `collect`; `first_attempt` > 0 replays tasks whose earlier attempts were
         lost elsewhere (an env-manager process that died), with those attempts' retry budget spent."""
-        unknown = sorted({t.tag for t in tasks} - set(self.tags))
-        if unknown:  # a wiring bug, not an episode failure: fail loudly
-            raise ValueError(f"tasks name tags {unknown} this collector has no env for; known: {sorted(self.tags)}")
-        result = CollectResult([], episodes=len(tasks))
-        outcomes = await asyncio.gather(*(self._episode(t, result, first_attempt) for t in tasks))
-        failed_groups = {t.group_id for t, o in zip(tasks, outcomes) if o is None}
-        kept = [o for t, o in zip(tasks, outcomes) if o is not None and t.group_id not in failed_groups]
-        result.trajectories = [traj for episode in kept for traj in episode]
-        result.segments = sum(len(episode) - 1 for episode in kept)
-        result.failed_episodes = sum(o is None for o in outcomes)
+        self._check_tags(tasks)
+        episodes = [_Episode(t, attempt=first_attempt, retries=int(first_attempt > 0)) for t in tasks]
+        await asyncio.gather(*(self._play(ep) for ep in episodes))
+        return self._result(episodes)
+
+    def _result(self, episodes: list[_Episode]) -> CollectResult:
+        """The collection's trajectories (whole groups only), counts and errors, in task order."""
+        result = CollectResult([], episodes=len(episodes))
+        failed_groups = {ep.task.group_id for ep in episodes if ep.out is None}
+        kept = [ep.out for ep in episodes if ep.out is not None and ep.task.group_id not in failed_groups]
+        result.trajectories = [traj for out in kept for traj in out]
+        result.segments = sum(len(out) - 1 for out in kept)
+        result.failed_episodes = sum(ep.out is None for ep in episodes)
         result.dropped_groups = len(failed_groups)
+        for ep in episodes:
+            result.errors += ep.errors
+            result.retries += ep.retries
+            for kind in ep.kinds:
+                result.failures[kind] += 1
         return result
 
-    async def _episode(self, task: Task, result: CollectResult, first_attempt: int = 0) -> list[Trajectory] | None:
-        """The episode's trajectories (one, or one per segment), retrying failed attempts; None
-        when every attempt failed."""
-        for attempt in range(1, first_attempt):  # the sampling seeds the lost attempts used
-            task = replace(task, sampling_seed=retry_seed(task.sampling_seed, attempt))
-        for attempt in range(first_attempt, self.max_retries + 1):
-            if attempt:
-                result.retries += 1
-                task = replace(task, sampling_seed=retry_seed(task.sampling_seed, attempt))
-            try:
-                if self.timeout is None:
-                    return await self._attempt(task)
-                return await asyncio.wait_for(self._attempt(task), self.timeout)
-            except Exception as e:  # a crashed episode is recorded and retried, never fatal
-                kind, message = classify(e, self.timeout)
-                result.failures[kind] += 1
-                where = f"tag {task.tag}, " if task.tag else ""
-                result.errors.append(f"{kind}: {message} ({where}env seed {task.env_seed}, attempt {attempt + 1})")
-        return None
+    async def _play(self, ep: _Episode) -> None:
+        """Play the episode's attempts until one gives trajectories or the retries run out."""
+        while not ep.done:
+            out, failure = await guarded(self._attempt(ep.sampling_task()), self.timeout)
+            if failure is not None:  # a crashed episode is recorded and retried, never fatal
+                ep.fail(*failure, self.max_retries)
+            else:
+                ep.out, ep.done = out, True
 
     async def _attempt(self, task: Task) -> list[Trajectory]:
         # The env is built inside the attempt's own task (wait_for runs it in a new one), so
         # clients that map episodes to envs by asyncio task see the pairing they expect.
         spec = self.tags[task.tag]
         env = spec.env_factory()
+        versions = _engine_version(self.llm)
         try:
-            guarded = _GuardedEnv(env, bool(getattr(spec.agent, "per_answer_rewards", False)))
-            out = await spec.agent.run_episode(task, guarded, self.llm)
+            guarded = GuardedEnv(env, bool(getattr(spec.agent, "per_answer_rewards", False)))
+            out = await contained(spec.agent.run_episode(task, guarded, self.llm))  # its sys.exit fails it
+            after = _engine_version(self.llm)
+            span = (versions, after) if versions is not None and after is not None else None
+            problem = episode_problem(out, task, self.vocab_size, span)
+            if problem is not None:
+                raise InvalidEpisode(f"{type(spec.agent).__name__}.run_episode {problem}")
             trajs = out if isinstance(out, list) else [out]  # a list: one sequence per segment
             # Set here, not by each agent: every agent's episodes carry what metrics and baselines read.
             for traj in trajs:
@@ -278,8 +323,41 @@ class RolloutCollector:
                 close = getattr(env, "close", None)  # optional: the seeds' envs have reset and step only
                 if callable(close):
                     close()
-            except Exception:  # closing a broken env must not hide the episode's own outcome
-                pass
+            except BaseException as e:  # closing a broken env must not hide the episode's own outcome
+                if must_propagate(e):
+                    raise
+
+
+class InvalidEpisode(Exception):
+    """An agent returned something the trainer cannot learn from (rollout/trajectory_check.py)."""
+
+
+def _engine_version(llm: Any) -> int | None:
+    """The policy version the engine serves now, when it says (an in-process or remote engine)."""
+    version = getattr(llm, "policy_version", None)
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
+
+
+def _owned_task(owner: dict[asyncio.Task, Any], loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task:
+    """A task factory: every task serves the episode its creator serves, so a loop found blocked
+    can be blamed on the episode whose code blocks it."""
+    task = asyncio.Task(coro, loop=loop, **kw)
+    parent = asyncio.current_task(loop)
+    if parent in owner:
+        owner[task] = owner[parent]
+    return task
+
+
+async def guarded(coro: Coroutine, timeout: float | None) -> tuple[Any, tuple[str, str] | None]:
+    """(result, None) of one episode attempt, or (None, (failure kind, one-line message)) when it
+    raised (any BaseException of user code included) or ran past `timeout` seconds; asyncio's
+    own cancellation and a real Ctrl-C propagate."""
+    try:
+        return (await (coro if timeout is None else asyncio.wait_for(coro, timeout))), None
+    except BaseException as e:
+        if must_propagate(e):  # a cancellation or a real Ctrl-C: stop
+            raise
+        return None, classify(as_failure(e), timeout)
 
 
 def classify(e: BaseException, timeout: float | None) -> tuple[str, str]:
@@ -290,10 +368,16 @@ def classify(e: BaseException, timeout: float | None) -> tuple[str, str]:
         return "timeout", f"episode exceeded rollout.episode_timeout={timeout}s"
     if isinstance(e, EngineError):
         return "engine", _describe(e)
+    if isinstance(e, InvalidEpisode):
+        return "agent", str(e)
+    if isinstance(e, UserExit) and e.__cause__ is not None:
+        return "agent", _describe(e.__cause__)
     return "agent", _describe(e)
 
 
 def _describe(e: BaseException, where: str = "") -> str:
+    """`Type in where: message at file:line` (the line where it was raised), on one line."""
     last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     at = f" at {last.filename.rsplit('/', 1)[-1]}:{last.lineno}" if last else ""
-    return f"{type(e).__name__}{' in ' + where if where else ''}: {e}{at}"
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}{' in ' + where if where else ''}{': ' + text if text else ''}{at}"

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from agentrl.llm.engine import Completion, SamplingParams, episode_key
+from agentrl.rollout.collector import CollectResult, GuardedEnv, check_failed, guarded
+from agentrl.rollout.loop_thread import LoopThread
 
 
 class ScriptedClient:
@@ -66,7 +68,8 @@ def state_entropy(sample_action: Callable[[random.Random], str], n: int = 64) ->
 
 
 def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, seed: int = 0,
-           step: bool = True) -> Iterator[str]:
+           step: bool = True, timeout: float | None = None, max_failed_fraction: float = 0.5,
+           name: str = "env") -> Iterator[str]:
     """Text the env produces under random play (instructions, observations, replies).
 
     `step=False` reads only first observations and sampled replies, for envs whose `step`
@@ -74,12 +77,17 @@ def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, see
     that is not text (None: the question comes from a dataset) and a missing `sample_action`
     are skipped, and `close` is optional. An env without `sample_action` gives its first
     observations only.
+
+    The episodes are guarded as a run's (rollout/collector.py): each under `timeout` seconds, in a
+    watched event loop; one that raises (SystemExit included), breaks the env contract or times
+    out is left out, and more than `max_failed_fraction` of them failing is a RolloutError.
     """
     async def play(k: int) -> list[str]:
         env = env_factory()
+        guarded = GuardedEnv(env, per_answer=not step)
         rng = random.Random(seed * 7919 + k)
         try:
-            obs, _ = await env.reset(seed=seed * 7919 + k)
+            obs, _ = await guarded.reset(seed=seed * 7919 + k)
             if not step:
                 lines = [f"user\n{getattr(env, 'instructions', '')}\n{obs}"] if isinstance(obs, str) else []
                 sample = getattr(env, "sample_action", None)
@@ -90,7 +98,7 @@ def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, see
             for _ in range(max_turns):
                 action = env.sample_action(rng)
                 lines.append(action)
-                obs, _, term, trunc, _ = await env.step(action)
+                obs, _, term, trunc, _ = await guarded.step(action)
                 lines.append(f"user\n{obs}")
                 if term or trunc:
                     break
@@ -100,8 +108,13 @@ def corpus(env_factory: Callable, n_episodes: int = 200, max_turns: int = 8, see
             if callable(close):
                 close()
 
-    async def play_all() -> list[list[str]]:
-        return await asyncio.gather(*(play(k) for k in range(n_episodes)))
+    async def play_all() -> list[tuple[list[str] | None, tuple[str, str] | None]]:
+        return await asyncio.gather(*(guarded(play(k), timeout) for k in range(n_episodes)))
 
-    for lines in asyncio.run(play_all()):
-        yield from lines
+    played = LoopThread(timeout, f"{n_episodes} episodes of random play have been running").run(play_all)
+    errors = [f"{kind}: {message} (episode {k})" for k, (_, failure) in enumerate(played) if failure
+              for kind, message in [failure]]
+    check_failed(CollectResult([], errors, failed_episodes=len(errors), episodes=n_episodes), max_failed_fraction,
+                 f"{name}: random play for the tokenizer's corpus")
+    for lines, _ in played:
+        yield from lines or []

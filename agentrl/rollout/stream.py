@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.llm.engine import InferenceEngine
-from agentrl.rollout.collector import WATCH_SECONDS, CollectResult, LoopWatch, RolloutCollector
+from agentrl.rollout.collector import CollectResult, RolloutCollector
+from agentrl.rollout.loop_thread import WATCH_SECONDS, LoopWatch
 from agentrl.trajectory import Task, Trajectory
 
 

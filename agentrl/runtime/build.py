@@ -22,14 +22,13 @@ from agentrl.config import Config
 from agentrl.envs.service import close_env
 from agentrl.errors import ConfigError
 from agentrl.models.lora import apply_lora
-from agentrl.rollout.collector import RolloutCollector
 from agentrl.rollout.source import RolloutSource, rollout_source
 from agentrl.rollout.tasks import TaskSource
-from agentrl.runtime.envs import check_templates, make_budget, make_tag_specs
+from agentrl.runtime.envs import check_templates, make_budget, make_collector
 from agentrl.runtime.preflight import preflight
 from agentrl.runtime.serving import make_engine
 from agentrl.runtime.threads import pin_threads
-from agentrl.runtime.warm import load_policy, model_context
+from agentrl.runtime.warm import load_policy, model_context, model_vocab
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.forward import ForwardOptions
@@ -112,8 +111,7 @@ def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, 
     replaces this."""
     engine = make_engine(cfg, model, tokenizer, device)  # in this process, or the servers of engine.urls
     budget = make_budget(cfg, model_context(model))
-    collector = RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget), engine,
-                                 timeout=cfg.rollout.episode_timeout, max_retries=cfg.rollout.max_retries)
+    collector = make_collector(cfg, tokenizer, factories, engine, budget, model_vocab(model))
     tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")), tuple(cfg.group_tags("val")),
                        greedy_baselines=uses_greedy_baseline(cfg.algorithm.adv_estimator))
     return rollout_source(collector, engine, tasks, cfg.rollout.max_staleness,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.rollout.collector import CollectResult, RolloutCollector
+from agentrl.rollout.collector import CollectResult
 from agentrl.runtime.engine_client import RayEngineClient
 from agentrl.runtime.engine_http import HttpEngineClient
-from agentrl.runtime.envs import import_user_modules, make_budget, make_env_factories, make_tag_specs
+from agentrl.runtime.envs import import_user_modules, make_budget, make_collector, make_env_factories
 from agentrl.runtime.workers import SharedSpec, node_id, setup_worker
 from agentrl.trajectory import Task
 
@@ -26,7 +26,6 @@ class EnvManagerActor:
         import_user_modules(cfg)
         self.index = index
         factories = make_env_factories(cfg)
-        specs = make_tag_specs(cfg, spec.tokenizer, factories, make_budget(cfg, spec.context))
         self.client: Any
         if cfg.runtime.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
             self.client = HttpEngineClient(engines, engine_names, api_key or "", cfg.runtime.restart_timeout,
@@ -34,8 +33,8 @@ class EnvManagerActor:
         else:
             self.client = RayEngineClient(engines, engine_names, client=f"env_manager-{index}",
                                           restart_timeout=cfg.runtime.restart_timeout)
-        self.collector = RolloutCollector(specs, self.client, timeout=cfg.rollout.episode_timeout,
-                                          max_retries=cfg.rollout.max_retries)
+        self.collector = make_collector(cfg, spec.tokenizer, factories, self.client, make_budget(cfg, spec.context),
+                                        spec.vocab_size)
 
     async def collect(self, tasks: list[Task], first_attempt: int = 0) -> CollectResult:
         """Play `tasks` (whole groups) to the end; `first_attempt` > 0 replays tasks whose

@@ -24,7 +24,7 @@ from agentrl.errors import AgentRLError, ConfigError, EnvError, RegistryError
 from agentrl.llm.conversation import TokenBudget, check_chat_template
 from agentrl.llm.engine import SamplingParams
 from agentrl.registry import AGENTS, ENVS, import_file, load_builtins
-from agentrl.rollout.collector import TagSpec
+from agentrl.rollout.collector import RolloutCollector, TagSpec
 
 
 def import_user_modules(cfg: Config) -> None:
@@ -160,6 +160,17 @@ def make_tag_specs(cfg: Config, tokenizer, factories: dict[str, Callable[[], Any
                    wrap: Callable[[Callable], Callable] = lambda f: f) -> dict[str, TagSpec]:
     """{tag: TagSpec(env factory, agent)} for the collector; `wrap` decorates each env factory."""
     return {tag: TagSpec(wrap(factories[tag]), make_agent(cfg, tag, tokenizer, budget)) for tag in factories}
+
+
+def make_collector(cfg: Config, tokenizer, factories: dict[str, Callable[[], Any]], llm: Any,
+                   budget: TokenBudget | None = None, vocab_size: int | None = None,
+                   wrap: Callable[[Callable], Callable] = lambda f: f) -> RolloutCollector:
+    """The collector of every tag's envs and agents against `llm`, guarded as the rollout section
+    says (episode timeout, retries) and checking what agents return against `vocab_size`; the one
+    place a run builds one (training, the warm start, Ray's env managers)."""
+    return RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget, wrap), llm,
+                            timeout=cfg.rollout.episode_timeout, max_retries=cfg.rollout.max_retries,
+                            vocab_size=vocab_size)
 
 
 def check_templates(cfg: Config, tokenizer) -> None:

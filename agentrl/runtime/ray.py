@@ -39,7 +39,7 @@ from agentrl.runtime.engine_client import first_line
 from agentrl.runtime.placement import HEAD, Plan, check_resources, choose_transport, options, plan_placement, reserve
 from agentrl.runtime.preflight import preflight
 from agentrl.runtime.ray_cluster import init_cluster, require_ray
-from agentrl.runtime.warm import model_context
+from agentrl.runtime.warm import model_context, model_vocab
 from agentrl.runtime.workers import RunSpec, model_source, share, user_registrations
 from agentrl.rollout.tasks import mix
 from agentrl.train.checkpoint import latest_checkpoint, step_of
@@ -200,7 +200,7 @@ def launch(cfg: Config, plan: Plan, pg: Any, model: Any, tokenizer: Any, run_dir
     rt, acfg = cfg.runtime, actor_config(cfg, run_dir)
     restarts, key = rt.max_restarts, uuid.uuid4().hex if rt.engine_transport == "http" else None  # os.urandom
     shared = share(RunSpec(acfg, tokenizer, model_source(acfg.model.path, cfg.model.dtype, model),
-                           model_context(model), user_registrations()))
+                           model_context(model), user_registrations(), model_vocab(model)))
     infer = plan.of("actor_infer")
     names = [f"engine-{w.index}" for w in infer]
     seeds = [cfg.seed if w.index == 0 else mix(cfg.seed, w.index) for w in infer]

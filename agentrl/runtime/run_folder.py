@@ -20,7 +20,7 @@ from typing import Any
 
 from agentrl.config import Config, load_config, to_dict
 from agentrl.errors import AgentRLError, CheckpointError, ConfigError
-from agentrl.train.checkpoint import list_checkpoints, read_checkpoint, remove_partial, step_of
+from agentrl.train.checkpoint import list_checkpoints, read_checkpoint, remove_partial, saved_config, step_of
 
 RESUMES_NAME, LOCK_NAME = "resumes.jsonl", ".lock"
 # What a run leaves in its folder; --overwrite removes these (and nothing a user put there).
@@ -127,9 +127,13 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def resume_changes(cfg: Config, run_dir: Path, step: int) -> dict[str, list[Any]]:
-    """{field: [old, new]} of the resumable fields `cfg` changes; refuses any other change."""
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
+    """{field: [old, new]} of the resumable fields `cfg` changes; refuses any other change.
+
+    The run's config is the one saved with its newest checkpoint (run_config.yaml, checked against
+    the checkpoint's manifest), so an edit of run_dir/config.yaml counts as a change; folders whose
+    checkpoints predate that compare with run_dir/config.yaml."""
+    saved, source = _run_config(run_dir)
+    if saved is None:
         return {}
     old = _flat(to_dict(load_config(saved, [f"run_dir={cfg.run_dir}"] if cfg.run_dir else [])))
     new = _flat(to_dict(cfg))
@@ -138,13 +142,27 @@ def resume_changes(cfg: Config, run_dir: Path, step: int) -> dict[str, list[Any]
     if refused:
         k = refused[0]
         more = f" (and {len(refused) - 1} more: {', '.join(refused[1:4])})" if len(refused) > 1 else ""
-        raise RunFolderError(f"resume cannot change {k} (run has {changes[k][0]!r}, got {changes[k][1]!r}){more}: it "
-                             f"changes what the run means; fields a resume may change: {', '.join(RESUMABLE)}. "
-                             "Start a new run for the other changes")
+        raise RunFolderError(f"resume cannot change {k} (the run has {changes[k][0]!r} in {source}, the config to "
+                             f"resume gives {changes[k][1]!r}){more}: it changes what the run means; fields a resume "
+                             f"may change: {', '.join(RESUMABLE)}. Start a new run for the other changes")
     if cfg.trainer.total_steps < step:
         raise RunFolderError(f"trainer.total_steps={cfg.trainer.total_steps} is below the run's step {step}; "
                              f"a resume can only keep or raise it")
     return changes
+
+
+def _run_config(run_dir: Path) -> tuple[Path | None, str]:
+    """The config the run was trained with, and where it was read: the newest checkpoint's copy
+    that verifies, else run_dir/config.yaml (checkpoints from before copies were kept), else None."""
+    for ckpt in reversed(list_checkpoints(run_dir / "checkpoints")):
+        try:
+            path = saved_config(ckpt)
+        except CheckpointError:
+            continue  # a damaged checkpoint: the resume falls back past it too
+        if path is not None:
+            return path, f"checkpoints/{ckpt.name}/{path.name}"
+    saved = run_dir / "config.yaml"
+    return (saved, "config.yaml") if saved.is_file() else (None, "")
 
 
 def record_resume(run_dir: Path, step: int, changes: dict[str, list[Any]]) -> None:

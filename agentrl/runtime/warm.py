@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config
-from agentrl.errors import RolloutError
 from agentrl.models.embedded import cache_root, check_tokenizer, fingerprint, load_embedded, tokenizer_folder
 from agentrl.models.loading import load_pretrained
-from agentrl.rollout.collector import RolloutCollector
+from agentrl.rollout.collector import check_failed
 from agentrl.rollout.tasks import TaskSource
-from agentrl.runtime.envs import agent_texts, is_seed_tag, make_budget, make_tag_specs
+from agentrl.runtime.envs import agent_texts, is_seed_tag, make_budget, make_collector
 from agentrl.runtime.seeds import demo_factories, seed_texts
 from agentrl.runtime.threads import kept_threads
 
@@ -22,6 +21,11 @@ from agentrl.runtime.threads import kept_threads
 def model_context(model: Any) -> int:
     """The longest sequence the model takes."""
     return int(getattr(model.config, "max_position_embeddings", 4096))
+
+
+def model_vocab(model: Any) -> int:
+    """The number of token ids the model embeds (what the engine samples from)."""
+    return int(model.config.get_text_config().vocab_size)
 
 
 def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None],
@@ -54,12 +58,15 @@ def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str],
     def texts():
         for tag, make_env in factories.items():
             yield from corpus(make_env, max_turns=definitions[tag].max_turns, seed=cfg.seed,
-                              step=not is_seed_tag(cfg, tag))
+                              step=not is_seed_tag(cfg, tag), timeout=cfg.rollout.episode_timeout,
+                              max_failed_fraction=cfg.rollout.max_failed_fraction, name=f"tag {tag}")
         yield from agent_texts(cfg)
         yield from seed_texts(cfg)
 
     if tokenizer is None:
-        tokenizer = build_tokenizer(texts(), cfg.model.tiny.vocab_size)
+        # Played here, before training starts: tokenizers pulls an iterator from its own threads,
+        # where the wait on the envs' random play could not take a Ctrl-C.
+        tokenizer = build_tokenizer(list(texts()), cfg.model.tiny.vocab_size)
     if tokenizer_dir is not None:
         tokenizer_folder(tokenizer, tokenizer_dir)  # seed agents load theirs from tokenizer_path
     model = build_model(cfg.model.tiny, tokenizer, seed=cfg.seed)
@@ -70,19 +77,23 @@ def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str],
         return model.eval(), tokenizer
     client = ScriptedClient(tokenizer)
     budget = make_budget(cfg, model_context(model))
-    collector = RolloutCollector(make_tag_specs(cfg, tokenizer, shown, budget, wrap=client.wrap), client)
+    # Demonstrations play the user's envs as training does: timeouts, retries, failures recorded.
+    collector = make_collector(cfg, tokenizer, shown, client, budget, model_vocab(model), wrap=client.wrap)
     ws = cfg.model.warm_start
     demo_tags = [plan[i * len(plan) // ws.batch_size] for i in range(ws.batch_size)]  # the batch's mix
+
+    failed: list[str] = []  # every failed attempt of a demonstration, said once at the end
 
     def demos(step: int):
         tasks = TaskSource(cfg.seed, 1, ()).demonstrations(step, demo_tags)
         client.reset_entropy()
         result = collector.collect(tasks)
-        if not result.trajectories:  # say why, not "pack() needs at least one trajectory"
-            raise RolloutError(f"warm start: all {len(tasks)} demonstration episodes failed; first error: "
-                               f"{result.errors[0] if result.errors else 'none recorded'}")
+        check_failed(result, cfg.rollout.max_failed_fraction, f"warm start step {step}: demonstrations")
+        failed.extend(result.errors)
+        # TODO: the entropy floor also counts replies of failed episodes (rare; it only nudges when to stop).
         return result.trajectories, client.reply_entropy
 
     stats = warm_start(model, demos, ws, tokenizer.pad_token_id, log)
-    log(f"warm start done: {stats['steps']} steps, loss {stats['loss']:.4f} (floor {stats['floor']:.4f})")
+    left_out = f"; {len(failed)} demonstration attempts failed (first: {failed[0]})" if failed else ""
+    log(f"warm start done: {stats['steps']} steps, loss {stats['loss']:.4f} (floor {stats['floor']:.4f}){left_out}")
     return model, tokenizer

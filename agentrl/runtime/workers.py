@@ -49,6 +49,7 @@ class RunSpec:
     model: ModelSource
     context: int  # the model's longest sequence (episode budgets)
     registrations: dict[str, dict[str, Any]]  # user_registrations() of the driver
+    vocab_size: int | None = None  # the model's vocabulary: ids an agent returns must lie below it
 
 
 @dataclass

@@ -5,12 +5,22 @@ A checkpoint is a folder `checkpoints/step_<N>` holding the model in Hugging Fac
 `adapter_config.json`, which `PeftModel.from_pretrained(base, folder)` loads), the tokenizer, `optimizer.pt` and `state.pt` (step, policy version, RNG states,
 anything else the trainer needs to continue). It is written under a temporary name and renamed
 into place, so a process killed mid-write leaves the previous checkpoint as the latest one.
-Checkpoints are ordered by step; a reader takes the newest one whose files all load, so a
-checkpoint damaged after the fact (a truncated file) costs the steps since the one before it.
+A write that fails (a full disk: torch and safetensors report it as RuntimeErrors, not always
+as OSError) is one CheckpointError naming the folder, the free space and the size needed.
+
+Each checkpoint ends with `manifest.json`: the sha256 and size of every file in it, so that a
+file changed after it was written (flipped bytes, an edit, a truncation) is found before it
+loads; and `run_config.yaml`, the run's config when it was written, which a resume is compared
+with (runtime/run_folder.py). Checkpoints are ordered by step; a reader takes the newest one
+whose files all verify and load, so a checkpoint damaged after the fact costs the steps since
+the one before it (said in a warning); checkpoints written before manifests existed load
+unverified.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import shutil
 from pathlib import Path
@@ -19,10 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.config import Config, save_config
 from agentrl.errors import CheckpointError
 from agentrl.models.lora import ADAPTER_WEIGHTS
 
 PREFIX = "step_"
+MANIFEST = "manifest.json"  # sha256 and size of every other file of a checkpoint
+RUN_CONFIG = "run_config.yaml"  # the run's config when the checkpoint was written
 
 
 def rng_state() -> dict[str, Any]:
@@ -43,8 +56,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, optimizer, state: dict[str, Any],
-                    keep: int = 2) -> Path:
-    """Write checkpoint `step` atomically and prune all but the newest `keep` of this run's steps.
+                    keep: int = 2, config: Config | None = None) -> Path:
+    """Write checkpoint `step` atomically (with its manifest, and `config` as run_config.yaml)
+    and prune all but the newest `keep` of this run's steps.
 
     A failed write (disk full) or an interrupt removes the partial folder and leaves every
     earlier checkpoint as it was; a failed write is a one-line CheckpointError.
@@ -61,13 +75,15 @@ def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, optimizer, sta
             tokenizer.save_pretrained(tmp)
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save({"step": step, **state}, tmp / "state.pt")
-    except BaseException as e:
+        if config is not None:
+            save_config(config, tmp / RUN_CONFIG)
+        write_manifest(tmp, step)
+    except Exception as e:  # noqa: BLE001 (a full disk surfaces as OSError, RuntimeError or SafetensorError)
+        written = _folder_bytes(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            kept = latest_checkpoint(ckpt_root)
-            left = f"the previous checkpoint {kept.name} is intact" if kept else "no earlier checkpoint exists"
-            raise CheckpointError(f"could not write checkpoint step {step} in {ckpt_root}: {e.strerror or e}; "
-                                  f"{left}") from None
+        raise CheckpointError(_write_failure(ckpt_root, step, e, written)) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
     if final.exists():
         discard(final)
@@ -90,6 +106,83 @@ def discard(ckpt: Path) -> None:
     except OSError:
         gone = ckpt
     shutil.rmtree(gone, ignore_errors=True)
+
+
+def _write_failure(ckpt_root: Path, step: int, e: Exception, written: int) -> str:
+    """One line: which checkpoint could not be written where, why, and what is left."""
+    kept = latest_checkpoint(ckpt_root)
+    left = f"the previous checkpoint {kept.name} is intact" if kept else "no earlier checkpoint exists"
+    why = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).strip().splitlines() or [""])[0]
+    try:
+        free = shutil.disk_usage(ckpt_root).free
+    except OSError:
+        free = None
+    need = _folder_bytes(kept) if kept else written
+    space = "" if free is None else f"; {_mb(free)} free there"
+    if free is not None and need:
+        space += f", a checkpoint needs about {_mb(need)}"
+    return (f"could not write checkpoint step {step} in {ckpt_root}: {type(e).__name__}: {why}{space}; {left}; "
+            f"free some space and continue with `agentrl resume {ckpt_root.parent}`")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+def _folder_bytes(folder: Path) -> int:
+    """Bytes of the files in a folder (0 when it is gone)."""
+    try:
+        return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    except OSError:
+        return 0
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path, step: int) -> None:
+    """Record the sha256 and size of every file of a checkpoint folder in its manifest."""
+    files = {p.relative_to(folder).as_posix(): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
+             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+
+
+def verify_checkpoint(ckpt: Path, names: tuple[str, ...] | None = None) -> None:
+    """Check the files of a checkpoint (or only `names`) against its manifest: a CheckpointError
+    naming the first file that is missing or changed since it was written. A checkpoint without
+    a manifest (written before they existed) passes."""
+    path = ckpt / MANIFEST
+    if not path.is_file():
+        return
+    try:
+        files = json.loads(path.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: its {MANIFEST} is unreadable ({type(e).__name__})") from None
+    for name, want in files.items():
+        if names is not None and name not in names:
+            continue
+        f = ckpt / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {ckpt}: {name} is missing")
+        if f.stat().st_size != want.get("bytes") or file_sha256(f) != want.get("sha256"):
+            raise CheckpointError(f"checkpoint {ckpt}: {name} does not match the sha256 recorded when it was "
+                                  "written (changed or damaged since)")
+
+
+def saved_config(ckpt: Path) -> Path | None:
+    """The run's config saved with a checkpoint (checked against its manifest), or None for
+    checkpoints written before configs were kept with them."""
+    path = ckpt / RUN_CONFIG
+    if not path.is_file():
+        return None
+    verify_checkpoint(ckpt, (RUN_CONFIG,))
+    return path
 
 
 def step_of(ckpt: Path) -> int:
@@ -121,9 +214,11 @@ def remove_partial(ckpt_root: Path) -> None:
 
 
 def read_checkpoint(ckpt: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    """(weights, optimizer state, state) of a checkpoint; a CheckpointError when any file is unreadable."""
+    """(weights, optimizer state, state) of a checkpoint; a CheckpointError when any file fails its
+    checksum or is unreadable."""
     from safetensors.torch import load_file
 
+    verify_checkpoint(ckpt)
     try:
         adapter = ckpt / ADAPTER_WEIGHTS
         weights = load_file(str(adapter if adapter.is_file() else ckpt / "model.safetensors"))

@@ -29,7 +29,7 @@ from agentrl.algos.losses import kl_penalty, masked_mean
 from agentrl.config import Config, to_dict
 from agentrl.errors import CheckpointError, RolloutError
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
-from agentrl.rollout.collector import CollectResult
+from agentrl.rollout.collector import CollectResult, check_failed
 from agentrl.rollout.filters import informative_groups, top_variance_groups
 from agentrl.rollout.source import RolloutSource
 from agentrl.rollout.stats import by_tag, episode_stats, episodes, per_episode, tag_metrics, truncation_metrics
@@ -220,7 +220,9 @@ class Trainer:
         result = self.rollout.evaluate()
         trajs = result.trajectories
         self._record_errors(result.errors)  # training goes on; step 1 stops a run whose env always fails
-        self._check_generated(trajs, "evaluation" if self.step_idx == 0 else f"evaluation at step {self.step_idx}")
+        what = "evaluation" if self.step_idx == 0 else f"evaluation at step {self.step_idx}"
+        check_failed(result, 1.0, what, str(self.run_dir / ERRORS_NAME))  # only when none is left to score
+        self._check_generated(trajs, what)
         overall = episode_stats(trajs)
         out = {f"eval/{k}": overall[k] for k in ("success", "return", "turns", "optimal_success") if k in overall}
         out["eval/errors"] = float(len(result.errors))
@@ -235,13 +237,9 @@ class Trainer:
         return out
 
     def _check_failures(self, result: CollectResult, what: str) -> None:
-        """Stop when more than rollout.max_failed_fraction of the episodes failed every attempt."""
-        fraction = self.cfg.rollout.max_failed_fraction
-        if result.failed_episodes > fraction * result.episodes:
-            raise RolloutError(
-                f"{what}: {result.failed_episodes} of {result.episodes} episodes failed every "
-                f"attempt (more than rollout.max_failed_fraction={fraction}); first error: "
-                f"{result.errors[0]}; all errors are in {self.run_dir / ERRORS_NAME}")
+        """Stop when more than rollout.max_failed_fraction of the episodes failed every attempt
+        (or all of them did)."""
+        check_failed(result, self.cfg.rollout.max_failed_fraction, what, str(self.run_dir / ERRORS_NAME))
 
     def _check_generated(self, trajs: list[Trajectory], what: str) -> None:
         """Episodes that all ended before the policy generated a token train nothing: a run of
@@ -287,7 +285,7 @@ class Trainer:
                  "master_weights": self.actor.master.state_dict(),
                  "critic": self.critic.state_dict() if self.critic is not None else None}
         save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
-                        self.actor.optimizer, state, keep=self.cfg.trainer.max_checkpoints)
+                        self.actor.optimizer, state, keep=self.cfg.trainer.max_checkpoints, config=self.cfg)
 
     def _restore(self) -> None:
         self._restored = True

@@ -13,6 +13,7 @@ from agentrl.registry import register_env
 from agentrl.runtime.envs import make_env_factories
 from agentrl.models.embedded import cache_root, tiny_cache_key
 from agentrl.runtime.local import train
+from agentrl.rollout.tasks import EVAL_SEED_BASE
 from agentrl.runtime.warm import load_policy
 
 from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
@@ -27,19 +28,22 @@ class FlakyLake:
 
     attempts: dict = {}  # env seed -> resets so far (attempt 0, then each retry)
 
-    def __init__(self, raise_prob: float = 0.0, hang_prob: float = 0.0, **lake_args) -> None:
+    def __init__(self, raise_prob: float = 0.0, hang_prob: float = 0.0, eval_safe: bool = False,
+                 **lake_args) -> None:
         self.lake = FrozenLakeEnv(**lake_args)
         self.instructions = self.lake.instructions
-        self.raise_prob, self.hang_prob = raise_prob, hang_prob
+        self.raise_prob, self.hang_prob, self.eval_safe = raise_prob, hang_prob, eval_safe
         self.rng = random.Random(0)
+        self.safe = False
 
     async def reset(self, seed=None, options=None):
         attempt = FlakyLake.attempts[seed] = FlakyLake.attempts.get(seed, -1) + 1
         self.rng = random.Random(f"{seed}/{attempt}")
+        self.safe = self.eval_safe and seed >= EVAL_SEED_BASE  # evaluation episodes never fail
         return await self.lake.reset(seed=seed, options=options)
 
     async def step(self, action):
-        u = self.rng.random()
+        u = 1.0 if self.safe else self.rng.random()
         if u < self.raise_prob:
             raise RuntimeError("the lake cracked")
         if u < self.raise_prob + self.hang_prob:
@@ -101,8 +105,26 @@ def test_training_goes_on_through_raising_and_hanging_envs(tmp_path, tiny_path, 
 
 @pytest.mark.parametrize("k", [0, 1])
 def test_a_step_where_most_episodes_fail_stops_training_with_a_clear_error(tmp_path, tiny_path, k):
-    cfg = _flaky_cfg(tmp_path, tiny_path, "env.args.raise_prob=1.0", "rollout.max_retries=1",
+    cfg = _flaky_cfg(tmp_path, tiny_path, "env.args.raise_prob=1.0", "env.args.eval_safe=true", "rollout.max_retries=1",
                      "rollout.max_failed_fraction=0.5", f"rollout.max_staleness={k}")
     with pytest.raises(RolloutError, match=r"step 1: 8 of 8 episodes failed every attempt \(more than "
                                            r"rollout.max_failed_fraction=0.5\); first error: env: .*the lake cracked"):
+        train(cfg, log=lambda m: None)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_an_evaluation_where_every_episode_fails_stops_the_run_instead_of_reporting_zero(tmp_path, tiny_path, k):
+    """An evaluation with no episode left would report success 0.0 for an env that never ran."""
+    cfg = _flaky_cfg(tmp_path, tiny_path, "env.args.raise_prob=1.0", "rollout.max_retries=1",
+                     "rollout.max_failed_fraction=1.0", f"rollout.max_staleness={k}")
+    with pytest.raises(RolloutError, match=r"^evaluation: 2 of 2 episodes failed every attempt \(every one of them\); "
+                                           r"first error: env: .*the lake cracked"):
+        train(cfg, log=lambda m: None)
+
+
+def test_a_step_where_every_episode_fails_stops_even_when_failures_are_tolerated(tmp_path, tiny_path):
+    """rollout.max_failed_fraction=1.0 tolerates failed groups, not a step with nothing to train on."""
+    cfg = _flaky_cfg(tmp_path, tiny_path, "env.args.raise_prob=1.0", "env.args.eval_safe=true", "rollout.max_retries=0",
+                     "rollout.max_failed_fraction=1.0")
+    with pytest.raises(RolloutError, match=r"^step 1: 8 of 8 episodes failed every attempt \(every one of them\)"):
         train(cfg, log=lambda m: None)

@@ -96,3 +96,60 @@ def test_resume_of_a_folder_that_is_not_a_run_is_one_line(tmp_path):
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "not a run folder" in res.stderr
     assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------- what a resume reads
+def _copy(straight, tmp_path) -> Path:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(straight[0], run)
+    return run
+
+
+def test_a_checkpoint_changed_after_it_was_written_is_named_and_skipped(tmp_path, straight):
+    """Bytes flipped inside the newest checkpoint's weights: the file fails its sha256, the resume
+    says so in one warning naming the file and continues from the previous checkpoint, ending as
+    the straight run did."""
+    run = _copy(straight, tmp_path)
+    weights = run / "checkpoints" / f"step_{STEPS:06d}" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64] ^= 0xFF  # inside a tensor: safetensors alone would load it without a word
+    weights.write_bytes(bytes(data))
+    res = _run("-m", "agentrl.cli", "resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    warnings = [line for line in res.stderr.splitlines() if line.startswith("warning: checkpoint")]
+    assert len(warnings) == 1 and "model.safetensors does not match the sha256" in warnings[0], res.stderr[-2000:]
+    assert _rows(run) == _rows(straight[0])
+    mine, theirs = _weights(run), _weights(straight[0])
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
+def test_no_intact_checkpoint_is_one_line_naming_the_file(tmp_path, straight):
+    run = _copy(straight, tmp_path)
+    for ckpt in (run / "checkpoints").glob("step_*"):
+        state = ckpt / "state.pt"
+        data = bytearray(state.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        state.write_bytes(bytes(data))
+    res = _run("-m", "agentrl.cli", "resume", str(run), f"trainer.total_steps={STEPS + 1}")
+    assert res.returncode == 2, res.stderr[-2000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"agentrl: error: no checkpoint in {run / 'checkpoints'} loads") and "state.pt" in last
+    assert "Traceback" not in res.stderr
+
+
+def test_a_config_yaml_edited_after_the_run_started_is_refused_naming_the_field(tmp_path, straight):
+    """The resume rule holds against the config saved with the checkpoint, not only against
+    overrides: an edited learning rate is refused in one line, and the folder is left as it was."""
+    run = _copy(straight, tmp_path)
+    config = run / "config.yaml"
+    text = config.read_text()
+    assert "\n  lr: 0.001\n" in text
+    config.write_text(text.replace("\n  lr: 0.001\n", "\n  lr: 0.0005\n", 1))
+    res = _run("-m", "agentrl.cli", "resume", str(run), f"trainer.total_steps={STEPS + 1}")
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agentrl: error: resume cannot change actor.lr "), res.stderr
+    assert "0.001" in lines[0] and "0.0005" in lines[0] and "trainer.total_steps" in lines[0]
+    assert latest_checkpoint(run / "checkpoints").name == f"step_{STEPS:06d}"

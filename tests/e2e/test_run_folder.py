@@ -44,17 +44,24 @@ def signalling_update(self, batch):
     return update(self, batch)
 Actor.update, torch.save = signalling_update, faulty_save
 # Env faults in FrozenLake's step, first call only: `block` blocks the event loop's thread in
-# synchronous code, `block_sigint` does so after a Ctrl-C, `async_hang` awaits until the
-# collector has warned that the collection may hang.
+# synchronous code (`block_train`: in the first training episode, `block_always`: in every step),
+# `block_sigint` does so after a Ctrl-C, `async_hang` awaits until the collector has warned that
+# the collection may hang.
 import asyncio, time
-import agentrl.rollout.collector as collector
+import agentrl.rollout.loop_thread as collector
 from agentrl.envs.frozen_lake import FrozenLakeEnv
-lake_step, warned = FrozenLakeEnv.step, []
+lake_reset, lake_step, warned = FrozenLakeEnv.reset, FrozenLakeEnv.step, []
+async def seen_reset(self, seed=None, options=None):
+    self.seen_seed = seed
+    return await lake_reset(self, seed=seed, options=options)
 async def faulty_step(self, action):
     calls[0] += 1
     if where == "block_sigint" and calls[0] == 1:
         os.kill(os.getpid(), signal.SIGINT)
-    if where.startswith("block") and calls[0] == 1:
+    if where == "block_train" and self.seen_seed < 1_000_000 and not warned:  # a training episode's, once
+        warned.append("blocked")
+        time.sleep(3600)
+    if where in ("block", "block_sigint") and calls[0] == 1 or where == "block_always":
         time.sleep(3600)
     if where == "async_hang" and calls[0] == 1:
         while not warned:
@@ -63,8 +70,26 @@ async def faulty_step(self, action):
 def warn_hang(message):
     warned.append(message)
     print("warning: " + message, file=sys.stderr)
-if where in ("block", "block_sigint", "async_hang"):
-    FrozenLakeEnv.step = faulty_step
+if where in ("block", "block_always", "block_train", "block_sigint", "async_hang"):
+    FrozenLakeEnv.reset, FrozenLakeEnv.step = seen_reset, faulty_step
+# `engine_SIGTERM` / `engine_SIGINT`: the signal comes from the episodes' thread while it is inside
+# torch (the first engine step after the first update); `warm_SIGTERM`: from the warm start's
+# first demonstration. A thread still in torch when the interpreter shuts down aborts (SIGABRT).
+from agentrl.llm.local import LocalEngine
+from agentrl.rollout.demos import ScriptedClient
+engine_step, scripted, sent = LocalEngine.step, ScriptedClient.generate, []
+def signalling_step(self):
+    if where.startswith("engine_") and calls[0] >= 1 and not sent:
+        sent.append(os.kill(os.getpid(), getattr(signal, where[len("engine_"):])))
+        x = torch.randn(256, 256)
+        for _ in range(100):
+            x = torch.tanh(x @ x)
+    return engine_step(self)
+async def signalling_generate(self, prompt_ids, sampling):
+    if where == "warm_SIGTERM" and not sent:
+        sent.append(os.kill(os.getpid(), signal.SIGTERM))
+    return await scripted(self, prompt_ids, sampling)
+LocalEngine.step, ScriptedClient.generate = signalling_step, signalling_generate
 if where == "async_hang":
     collector.warn_hang, collector.HANG_WARN_SECONDS = warn_hang, 0.0
 sys.exit(main(sys.argv[3:]))
@@ -199,12 +224,15 @@ def test_resume_refuses_a_change_of_the_runs_meaning_and_keeps_the_folder(run_co
 def test_resume_with_a_checkpoint_that_does_not_fit_the_model_is_one_line_and_harmless(run_copy):
     from safetensors.torch import load_file, save_file
 
+    from agentrl.train.checkpoint import write_manifest
+
     run, _ = run_copy
     ckpt = run / "checkpoints" / "step_000004"
     weights = load_file(str(ckpt / "model.safetensors"))
     name = next(iter(weights))
     weights[name] = weights[name][:1].clone().contiguous()  # the weights of a model of another shape
     save_file(weights, str(ckpt / "model.safetensors"))
+    write_manifest(ckpt, 4)  # a whole checkpoint of another model, not a damaged one
     before = _snapshot(run)
     line = _one_line(_cli("resume", str(run), "trainer.total_steps=6"))
     assert f"checkpoint {ckpt} does not fit this run's model" in line
@@ -429,17 +457,85 @@ def test_ctrl_c_stops_a_run_whose_env_blocks_the_event_loop(tmp_path, finished):
     assert line == f"agentrl: interrupted; resume with `agentrl resume {run}`"
 
 
-@pytest.mark.parametrize("staleness", [0, 1])  # 1: the episodes' loop is the rollout stream's thread
-def test_an_env_blocking_the_event_loop_past_the_episode_timeout_is_one_line(tmp_path, finished, staleness):
-    res = _fault("block", 0, "train", *_train_args(tmp_path / "run", finished[1], "rollout.episode_timeout=1",
-                                                   f"rollout.max_staleness={staleness}"), timeout=300)
+def test_an_env_blocking_the_event_loop_once_fails_that_episode_and_the_run_goes_on(tmp_path, finished):
+    """On-policy, the blocked loop is left behind: the episode that blocked it fails as a timeout
+    (and is retried), the others replay in a fresh loop."""
+    run = tmp_path / "run"
+    # The timeout is far above an episode's time on a busy machine: only the blocked one may reach it.
+    res = _fault("block", 0, "train", *_train_args(run, finished[1], "rollout.episode_timeout=10"), timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    errors = read_jsonl(run / "errors.jsonl")
+    assert len(errors) == 1 and errors[0]["kind"] == "timeout" and "blocked the event loop" in errors[0]["error"]
+    assert "asyncio.to_thread" in errors[0]["error"]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.parametrize("where, staleness", [("block_always", 0), ("block_train", 1)])
+def test_an_env_blocking_the_event_loop_past_the_episode_timeout_is_one_line(tmp_path, finished, where, staleness):
+    """An env that blocks its loop every time (on-policy: after max_retries + 1 loops left behind),
+    or once in the rollout stream's thread (max_staleness >= 1): the run stops in one line."""
+    res = _fault(where, 0, "train", *_train_args(tmp_path / "run", finished[1], "rollout.episode_timeout=10",
+                                                 f"rollout.max_staleness={staleness}"), timeout=300)
     line = _one_line(res)
-    assert "rollout.episode_timeout=1.0s" in line and "blocks it" in line and "asyncio.to_thread" in line
+    assert "rollout.episode_timeout=10.0s" in line and "blocks it" in line and "asyncio.to_thread" in line
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_collection_that_may_hang_without_a_timeout_is_warned_about(tmp_path, finished, staleness):
-    res = _fault("async_hang", 0, "train", *_train_args(tmp_path / "run", finished[1],
+    res = _fault("async_hang", 0, "train", *_train_args(tmp_path / "run", finished[1], "rollout.episode_timeout=null",
                                                         f"rollout.max_staleness={staleness}"), timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "set rollout.episode_timeout" in res.stderr
+
+
+# ---------------------------------------------------------------------------- signals from the episodes' thread
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_the_episodes_thread_is_in_torch_exits_cleanly_and_resumes(tmp_path, finished, sig):
+    """Not SIGABRT ("terminate called without an active exception"): the episodes' thread is
+    stopped before the interpreter shuts down."""
+    run = tmp_path / "run"
+    res = _fault(f"engine_{sig}", 0, "train", *_train_args(run, finished[1]))
+    what = "terminated (SIGTERM)" if sig == "SIGTERM" else "interrupted"
+    assert _one_line(res, code=128 + getattr(signal, sig)) == f"agentrl: {what}; resume with `agentrl resume {run}`"
+    res = _cli("resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+
+
+def test_sigterm_during_the_warm_start_exits_cleanly_and_the_run_starts_again(tmp_path):
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    res = _fault("warm_SIGTERM", 0, "train", *_train_args(run, cache))
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == f"agentrl: terminated (SIGTERM); resume with `agentrl resume {run}`"
+    assert "Traceback" not in res.stderr
+    res = _cli("resume", str(run))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+
+
+# ---------------------------------------------------------------------------- a disk that fills up
+def test_a_disk_that_fills_up_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_path, finished):
+    """A real full disk (a tmpfs with room for one checkpoint), not an injected error: torch reports
+    it as a RuntimeError, which must still be one line naming the folder and the space."""
+    run, cache = finished
+    size = sum(p.stat().st_size for p in (run / "checkpoints" / "step_000004").iterdir())
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2 + 65536}", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        target = disk / "run"
+        line = _one_line(_cli("train", *_train_args(target, cache)))
+        assert line.startswith(f"agentrl: error: could not write checkpoint step 2 in {target / 'checkpoints'}: ")
+        assert "MB free there, a checkpoint needs about" in line and "step_000001 is intact" in line, line
+        assert f"agentrl resume {target}" in line
+        assert _steps(target) == [1] and not list((target / "checkpoints").glob(".tmp_*"))
+        assert _loads(target / "checkpoints" / "step_000001") == 1
+        subprocess.run(["mount", "-o", f"remount,size={size * 8}", str(disk)], check=True)  # space freed
+        res = _cli("resume", str(target))
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert _steps(target) == [1, 2]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -3,7 +3,7 @@
 import pytest
 
 from agentrl.envs.checker import EnvCheckError, check_env
-from bad_envs import FAULTS, BadLake  # tests/ is on sys.path (conftest.py)
+from bad_envs import ESCAPES, FAULTS, BadLake  # tests/ is on sys.path (conftest.py)
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
@@ -38,3 +38,11 @@ def test_a_constructor_or_sample_action_that_raises_is_a_check_failure():
 def test_the_well_behaved_lake_passes():
     check_env(lambda: BadLake())
     check_env(lambda: BadLake(fault="nan_reward", every=10**9), seeds=(1, 2))  # faulty only on seed 0
+
+
+@pytest.mark.parametrize("fault", ["sys_exit", "base_exception"])
+def test_an_env_that_exits_or_raises_a_base_exception_is_a_check_failure_not_an_exit(fault):
+    with pytest.raises(EnvCheckError) as err:
+        check_env(lambda: BadLake(fault=fault))
+    message = str(err.value)
+    assert message.startswith("check_env(BadLake): step: ") and ESCAPES[fault][1].split(" in step")[0] in message
