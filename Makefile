@@ -1,25 +1,33 @@
-# Two entry points: `make demo` (set up, then train the embedded default) and `make test`.
+# Two entry points: `make demo` (set up the core, then train the embedded default) and `make test`
+# (set up everything the suite exercises, the optional extras included, then run it).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+CORE   := $(VENV)/.installed-core
+DEV    := $(VENV)/.installed-dev
 
 .PHONY: demo test setup clean browser
 
-$(STAMP): pyproject.toml constraints.txt
+# The core: what `agentrl train` needs for the embedded default, and no optional extra.
+$(CORE): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, from the CPU wheel: an unpinned resolve would pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -c constraints.txt -e .
+	touch $(CORE)
+
+# Everything the test suite exercises: the extras (Ray, LoRA, W&B, GEM, reasoning-gym) are tested, not only installed.
+$(DEV): $(CORE)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
-	touch $(STAMP)
+	touch $(DEV)
 
-setup: $(STAMP)
+setup: $(DEV)
 
-demo: $(STAMP)
+demo: $(CORE)
 	$(BIN)/agentrl train $(ARGS)
 
-test: $(STAMP) browser
+test: $(DEV) browser
 	$(BIN)/python -m pytest -q $(ARGS)
 
 # The viewer's browser test drives Debian's headless Chromium. Installing it needs root and apt,
