@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny tokenizer and model built locally (nothing downloaded)."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -12,6 +13,13 @@ CORPUS = [
     "assistant\n<answer>Left</answer> <answer>Right</answer> <answer>Up</answer> <answer>Down</answer>",
     "system\nYou are a helpful agent. What is 12 + 7? The answer is 19.",
 ] * 20
+
+
+# A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored across
+# exec: the runs the tests start would then never see the Ctrl-C they are sent. A handler of ours
+# here is reset to the default in each child, so they behave as under a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
