@@ -29,10 +29,10 @@ from agentrl.runtime.serving import check_serving
 def preflight(cfg: Config) -> dict[str, Callable[[], Any]]:
     """Run every model-free check of `cfg`; returns the env factories (one per tag)."""
     load_builtins()
+    import_user_modules(cfg)  # first: a user's file may register the estimator or loss named below
     check_estimator(cfg)
     check_context(cfg)
     check_lora(cfg)
-    import_user_modules(cfg)
     factories = make_env_factories(cfg)
     check_agents(cfg)
     check_agent_args(cfg)

@@ -148,3 +148,25 @@ def test_help_lists_documented_fields():
     assert res.returncode == 0
     assert "trainer.total_steps" in res.stdout and "Training steps" in res.stdout
     assert "algorithm.adv_estimator" in res.stdout
+
+
+def test_an_estimator_registered_in_an_imported_file_trains(tmp_path, cache_dir):
+    """`imports=[my_estimator.py] algorithm.adv_estimator=NAME`: the user's file registers the
+    estimator before the run checks that the name exists, and the run trains with it."""
+    marker = tmp_path / "called"
+    user = tmp_path / "my_estimator.py"
+    user.write_text(
+        "from agentrl.algos.advantages import grpo\n"
+        "from agentrl.registry import register_estimator\n"
+        f"MARKER = {str(marker)!r}\n"
+        "@register_estimator('halved_grpo')\n"
+        "def halved_grpo(token_rewards, response_mask, index, values, config, state_ids=None):\n"
+        "    open(MARKER, 'a').write('x')\n"
+        "    adv, ret = grpo(token_rewards, response_mask, index, values, config, state_ids)\n"
+        "    return adv * 0.5, ret * 0.5\n")
+    run = tmp_path / "run"
+    res = _agentrl("train", "configs/frozen_lake.yaml", *TINY, f"run_dir={run}", f"model.cache_dir={cache_dir}",
+                   f"imports=[{user}]", "algorithm.adv_estimator=halved_grpo", cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert marker.read_text() == "xx"  # once per training step
+    assert (run / "metrics.jsonl").read_text().count("\n") >= 2
