@@ -90,3 +90,147 @@ def test_the_trainer_never_asks_which_rollout_or_engine_it_has():
     for sign in ("isinstance(self.rollout", "self.stream", "StreamSource", "OnPolicySource", "engine: Any",
                  "LocalEngine", "RemoteEngine"):
         assert sign not in src, f"train/trainer.py tests its rollout mode or engine kind ({sign!r})"
+
+
+# ---------------------------------------------------------------------------- import circles
+# Circles that close only through imports under `if TYPE_CHECKING:` (arrows that run up for type
+# hints), each named by all its modules. The config sections' checks take the whole `Config`, which
+# config.py both defines and validates with them: the circle goes once the schema and its loading
+# live in modules of their own.
+TYPE_ONLY_CIRCLES = {
+    frozenset({"agentrl.config", "agentrl.config_checks", "agentrl.config_io", "agentrl.config_model",
+               "agentrl.config_paths", "agentrl.config_runtime", "agentrl.config_serve"}),
+}
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    """Dotted name -> file of every module of the package under `root` (a package by its own name)."""
+    out = {}
+    for path in root.rglob("*.py"):
+        parts = (root.name, *path.relative_to(root).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _targets(name: str, is_package: bool, node: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """The package's modules one import statement (or `importlib.import_module("...")`) loads."""
+    if isinstance(node, ast.Import):
+        found = {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:  # relative: from the module's package, one level up per extra dot
+            here = name.split(".")[: len(name.split(".")) - node.level + is_package]
+            base = ".".join(here + ([node.module] if node.module else []))
+        # `from pkg import module` is an arrow to the module (pkg loads first, as for any pkg.module);
+        # `from pkg import name` one to pkg
+        found = {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+    elif (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and node.args
+          and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        found = {node.args[0].value}
+    else:
+        return set()
+    return {t for t in found if t in modules and t != name}
+
+
+def import_graph(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(every arrow, the arrows that load at run time) between the package's modules: an import
+    anywhere in a module (top level or inside a function) is an arrow; one under
+    `if TYPE_CHECKING:` is an arrow for type hints only."""
+    modules = _modules(root)
+    every = {m: set() for m in modules}
+    runtime = {m: set() for m in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        hints_only = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                hints_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+        for node in ast.walk(tree):
+            targets = _targets(name, path.name == "__init__.py", node, modules)
+            every[name] |= targets
+            if id(node) not in hints_only:
+                runtime[name] |= targets
+    return every, runtime
+
+
+def tangles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The groups of two or more modules that each reach every other (strongly connected)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = {stack.pop()}
+            while v not in group:
+                group.add(stack.pop())
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def circle(group: set[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest path from the group's first module back to itself, inside the group."""
+    start = min(group)
+    came = {start: None}
+    queue = [start]
+    for v in queue:
+        for w in sorted(graph[v] & group):
+            if w == start:
+                path = [v]
+                while came[path[-1]] is not None:
+                    path.append(came[path[-1]])
+                return [*reversed(path), start]
+            if w not in came:
+                came[w] = v
+                queue.append(w)
+    raise AssertionError(f"{sorted(group)} is no circle")
+
+
+def test_no_import_circle():
+    """No module imports, directly or through others, a module that imports it back: at the top
+    or inside a function alike (a function-local import only hides a circle)."""
+    graph = import_graph(ROOT)[1]
+    found = [" -> ".join(circle(group, graph)) for group in tangles(graph)]
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+def test_type_hints_close_no_circle_but_the_known_ones():
+    """Counting the imports under TYPE_CHECKING too, the only circles are the known ones, whose
+    upward arrows are type hints only."""
+    graph = import_graph(ROOT)[0]
+    found = {frozenset(group): " -> ".join(circle(group, graph)) for group in tangles(graph)}
+    new = [f"{text} (all of {sorted(group)})" for group, text in found.items() if group not in TYPE_ONLY_CIRCLES]
+    assert not new, "import circles, counting TYPE_CHECKING imports:\n" + "\n".join(new)
+    gone = [sorted(group) for group in TYPE_ONLY_CIRCLES if group not in found]
+    assert not gone, f"these circles are gone: take them out of TYPE_ONLY_CIRCLES: {gone}"
+
+
+def test_the_circle_finder_names_a_circle(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .. import c\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nimport importlib\n"
+                              "importlib.import_module('pkg.d')\nif TYPE_CHECKING:\n    import pkg.a\n")
+    (pkg / "d.py").write_text("import pkg.sub.b\n")
+    every, runtime = import_graph(pkg)
+    assert runtime["pkg.a"] == {"pkg.sub.b"} and every["pkg.c"] == {"pkg.a", "pkg.d"}
+    assert [circle(group, runtime) for group in tangles(runtime)] == [["pkg.c", "pkg.d", "pkg.sub.b", "pkg.c"]]
+    assert tangles(every) == [{"pkg.a", "pkg.sub.b", "pkg.c", "pkg.d"}]
+    assert circle(tangles(every)[0], every) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.algos.advantages import masked_whiten, turn_ids
+from agentrl.algos.returns import masked_whiten, turn_ids
 from agentrl.config import AlgorithmConfig
 from agentrl.registry import register_estimator
 

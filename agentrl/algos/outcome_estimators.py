@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.algos.advantages import EPS, group_stats, turn_returns
+from agentrl.algos.returns import EPS, group_stats, turn_returns
 from agentrl.config import AlgorithmConfig
 from agentrl.registry import register_estimator
 

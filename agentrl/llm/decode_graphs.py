@@ -16,18 +16,25 @@ the scratch row and the full-capacity mask are tested on CPU.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from agentrl.errors import EngineError
 from agentrl.llm.kv_cache import SlotKVCache, SlotView, attention_masks
 
-if TYPE_CHECKING:  # the engine owns its DecodeGraphs; the type is needed for hints only
-    from agentrl.llm.local import LocalEngine
+
+class DecodeEngine(Protocol):
+    """What a decode pass reads from the engine that owns it (`LocalEngine` is one)."""
+
+    model: Any  # a Hugging Face causal LM; the first LoRA push replaces it
+    cache: SlotKVCache
+    layer_types: set[str]
+    sliding_window: int | None
+    pad_token_id: int
 
 
-def decode_logits(engine: "LocalEngine", ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
+def decode_logits(engine: DecodeEngine, ids: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor,
                   kv_len: int) -> torch.Tensor:
     """Next-token logits of one decode pass: `ids` (B, 1) at `pos` (B,) written into cache `rows`
     (B,), the queries reading rows 0..B-1 up to `kv_len` keys (eager, or inside a graph)."""
@@ -47,7 +54,7 @@ def bucket(n: int) -> int:
 class DecodeGraphs:
     """Decode passes of one engine's model at bucketed batch sizes, captured once per cache layout."""
 
-    def __init__(self, engine: "LocalEngine", capture: bool) -> None:
+    def __init__(self, engine: DecodeEngine, capture: bool) -> None:
         self.engine = engine  # its model (replaced by the first LoRA push) and its cache's layout
         self.cache: SlotKVCache = engine.cache
         self.capture = capture

@@ -20,7 +20,8 @@ api_key); `start_server(...)` runs one on a background thread (port 0: a free on
 (loopback, a random key). Without a key a server binds only a loopback address. Handlers reach
 the engine in the loop it lives in (`engine_loop`; None: the server's own), never through a
 second engine. Every malformed request gets a 4xx JSON error and
-the server keeps serving; the routes themselves are in server_routes.py.
+the server keeps serving; the routes themselves are in server_routes.py, what they share in
+server_state.py.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import secrets
 import socket
 import ssl
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,42 +46,14 @@ from agentrl.llm.chat_messages import MessageError
 from agentrl.llm.openai_format import error_body
 from agentrl.llm.openai_schema import RequestError
 from agentrl.llm.server_guard import Guard, TimedH11Protocol
-from agentrl.llm.sessions import SessionStore, in_loop
-
-
-@dataclass
-class ServerState:
-    """What the routes share: the engine and where it lives, the tokenizer, caps, sessions."""
-
-    engine: Any  # an InferenceEngine, or None for a server that only hosts sessions
-    tokenizer: Any
-    cfg: ServeConfig
-    model_name: str
-    engine_loop: asyncio.AbstractEventLoop | None = None  # None: the server's own loop
-    sessions: SessionStore = field(default_factory=SessionStore)
-    admin_key: str = ""  # what the control routes take: cfg.api_key, or one made at start-up
-    inflight: int = 0
-
-    async def call(self, fn: Any, *args: Any) -> Any:
-        """Run engine method `fn(*args)` (sync or async) in the engine's loop."""
-        if self.engine is None:
-            raise RequestError(404, "this server only hosts sessions (/sessions/<id>/v1); it serves no engine")
-
-        async def run() -> Any:
-            out = fn(*args)
-            return await out if asyncio.iscoroutine(out) else out
-        return await in_loop(self.engine_loop, run)
-
-    def version(self) -> int:
-        """The policy version the engine serves (0 without an engine)."""
-        return int(getattr(self.engine, "policy_version", 0)) if self.engine is not None else 0
+from agentrl.llm.server_routes import add_routes
+from agentrl.llm.server_state import ServerState
+from agentrl.llm.sessions import SessionStore
 
 
 def build_app(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, *, model_name: str | None = None,
               engine_loop: asyncio.AbstractEventLoop | None = None, sessions: SessionStore | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (with `tokenizer`) under the caps of `cfg`."""
-    from agentrl.llm.server_routes import add_routes
-
     cfg = cfg or ServeConfig()
     app = FastAPI(title="agentrl", docs_url=None, redoc_url=None, openapi_url=None)
     state = ServerState(engine, tokenizer, cfg, model_name or cfg.served_model_name or "agentrl", engine_loop,

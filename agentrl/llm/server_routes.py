@@ -27,8 +27,8 @@ from agentrl.llm.openai_schema import (AgentrlGenerateRequest, ChatRequest, Comp
                                        agentrl_sampling, parse, refuse_unsupported, request_sampling, sampling_params,
                                        vllm_sampling)
 from agentrl.config_serve import ServeConfig
-from agentrl.llm.server import ServerState
 from agentrl.llm.server_guard import JSON, media_type, read_body
+from agentrl.llm.server_state import ServerState
 from agentrl.llm.sessions import RequestPolicy, Session, in_loop, make_choice
 from agentrl.llm.weights import body_limit, check_fits, from_bytes, from_weights_dir, served_layout, top_logprobs
 

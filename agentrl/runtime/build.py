@@ -24,9 +24,9 @@ from agentrl.errors import ConfigError
 from agentrl.models.lora import apply_lora
 from agentrl.rollout.source import RolloutSource, rollout_source
 from agentrl.rollout.tasks import TaskSource
+from agentrl.runtime.engines import make_engine
 from agentrl.runtime.envs import check_templates, make_budget, make_collector
 from agentrl.runtime.preflight import preflight
-from agentrl.runtime.serving import make_engine
 from agentrl.runtime.threads import pin_threads
 from agentrl.runtime.warm import load_policy, model_context, model_vocab
 from agentrl.train.actor import Actor, Reference

@@ -22,8 +22,8 @@ from typing import Any
 from agentrl.config import Config
 from agentrl.errors import ConfigError, RegistryError, shown
 from agentrl.registry import ESTIMATORS, load_builtins
+from agentrl.runtime.engines import check_serving
 from agentrl.runtime.envs import check_agents, import_user_modules, make_agent, make_env_factories
-from agentrl.runtime.serving import check_serving
 
 
 def preflight(cfg: Config) -> dict[str, Callable[[], Any]]:

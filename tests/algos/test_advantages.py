@@ -65,7 +65,7 @@ def test_unknown_estimator_lists_known():
 
 
 def test_turn_returns_cross_observation_gaps():
-    from agentrl.algos.advantages import turn_returns
+    from agentrl.algos.returns import turn_returns
 
     # two turns: generated ids at 1-2 and 5-6, an observation (mask 0) between them
     mask = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 0.0]])
