@@ -140,7 +140,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     from agentrl.config import load_config
     from agentrl.metrics import summary_table
     from agentrl.models.lora import is_adapter_folder
-    from agentrl.runtime.build import build_trainer
+    from agentrl.runtime.build.trainer import build_trainer
     from agentrl.train.checkpoint_hold import held_newest
 
     run_dir = _run_dir_arg(ns.run_dir)
@@ -185,7 +185,7 @@ def cmd_view(ns: argparse.Namespace) -> int:
 
 def cmd_export(ns: argparse.Namespace) -> int:
     """`agentrl export RUN_DIR`: the newest checkpoint that loads, as a standalone model folder."""
-    from agentrl.config_paths import user_path
+    from agentrl.config.paths import user_path
     from agentrl.runtime.export import export_run
 
     out = user_path(ns.out, "--out") if ns.out is not None else None
@@ -196,7 +196,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
 
 def _run_dir_arg(value: str) -> Path:
     """A RUN_DIR argument as a path (`~` expanded), or one line saying why it cannot be one."""
-    from agentrl.config_paths import user_path
+    from agentrl.config.paths import user_path
 
     return user_path(value, "RUN_DIR")
 

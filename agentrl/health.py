@@ -72,7 +72,7 @@ class HealthConfig:
     replies after each on its KV cache); 0 turns the signal off."""
 
     def check(self) -> None:
-        """One-line ConfigError for what the ranges of agentrl.config_limits do not say."""
+        """One-line ConfigError for what the ranges of agentrl.config.limits do not say."""
         if 0 < self.mi_inputs < MIN_INPUTS:
             raise ConfigError(f"health.mi_inputs={self.mi_inputs} must be 0 (off) or in [{MIN_INPUTS}, 64] "
                               "(each step scores mi_inputs^2 replies)")

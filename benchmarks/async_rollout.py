@@ -43,7 +43,7 @@ from agentrl.registry import register_env
 from agentrl.rollout.collector import CollectResult
 from agentrl.rollout.tasks import make_tasks
 from agentrl.trajectory import Task, Trajectory
-from agentrl.runtime.build import build_trainer
+from agentrl.runtime.build.trainer import build_trainer
 
 
 class ToolEnv:

@@ -57,8 +57,8 @@ from agentrl.models.loading import load_pretrained  # noqa: E402
 from agentrl.models.qwen_shape import QWEN_SHAPES, build_qwen_shaped  # noqa: E402
 from agentrl.registry import load_builtins  # noqa: E402
 from agentrl.rollout.tasks import make_tasks  # noqa: E402
-from agentrl.runtime.build import build_learners, seed_everything  # noqa: E402
-from agentrl.runtime.envs import make_env_factories  # noqa: E402
+from agentrl.runtime.build.trainer import build_learners, seed_everything  # noqa: E402
+from agentrl.runtime.build.envs import make_env_factories  # noqa: E402
 from agentrl.train.actor import Actor  # noqa: E402
 from agentrl.train.batch import micro_batches, pack  # noqa: E402
 from agentrl.train.forward import logprobs, token_logprobs  # noqa: E402
@@ -161,7 +161,7 @@ def section_update(ctx: dict) -> dict:
 
 def _sync_seconds(ctx: dict, actor: Actor) -> dict:
     """Median time of pushing the actor's weights into an engine (what the trainer's sync does)."""
-    from agentrl.llm.local import LocalEngine
+    from agentrl.llm.local.engine import LocalEngine
 
     engine = LocalEngine.from_config(copy.deepcopy(ctx["model"]), ctx["tokenizer"], ctx["cfg"].engine,
                                      ctx["cfg"].rollout.max_model_len, seed=0)

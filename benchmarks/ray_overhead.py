@@ -42,10 +42,10 @@ from agentrl.config import load_config
 from agentrl.metrics import read_jsonl
 from agentrl.models.embedded import cache_root, tiny_cache_key
 from agentrl.registry import load_builtins
-from agentrl.runtime.envs import make_env_factories
+from agentrl.runtime.build.envs import make_env_factories
 from agentrl.runtime.local import train
-from agentrl.runtime.warm import load_policy
-from agentrl.runtime.weight_sync import make_transport
+from agentrl.runtime.build.policy import load_policy
+from agentrl.runtime.ray.weight_sync import make_transport
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "frozen_lake.yaml"
@@ -110,7 +110,7 @@ def sync_times(mb: int, receivers: int, repeats: int, folder: Path) -> dict[str,
     """Best ms per MB of each transport: send + every receiver's copy + release."""
     import ray
 
-    from agentrl.runtime.workers import free_address
+    from agentrl.runtime.ray.workers import free_address
 
     n = mb * 2**20 // 4 // 16
     weights = {f"layer{i}.weight": torch.randn(n) for i in range(16)}
@@ -195,7 +195,7 @@ def measure(args: argparse.Namespace, base: list[str], folder: Path, ray_temp: s
             gpu = run_one("ray", args, model, folder / "gpu", ["runtime.actor_train.device_mapping=[0]",
                                                                 "runtime.actor_infer.device_mapping=[0]"], base)
             summary.update({f"gpu_colocated_{k}": v for k, v in gpu.items()})
-    from agentrl.runtime.ray import init_cluster
+    from agentrl.runtime.ray.driver import init_cluster
 
     import ray
 

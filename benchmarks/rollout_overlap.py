@@ -41,7 +41,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from agentrl.config import TinyModelConfig  # noqa: E402
 from agentrl.llm.engine import SamplingParams  # noqa: E402
-from agentrl.llm.local import LocalEngine  # noqa: E402
+from agentrl.llm.local.engine import LocalEngine  # noqa: E402
 from agentrl.models.tiny import build_model, build_tokenizer  # noqa: E402
 
 LARGE = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,

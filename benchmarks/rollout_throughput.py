@@ -54,15 +54,15 @@ sys.path.insert(0, str(ROOT))
 
 from agentrl.config import TinyModelConfig, load_config  # noqa: E402
 from agentrl.llm.engine import Completion, SamplingParams  # noqa: E402
-from agentrl.llm.local import LocalEngine  # noqa: E402
-from agentrl.llm.sampler import sample_next  # noqa: E402
+from agentrl.llm.local.engine import LocalEngine  # noqa: E402
+from agentrl.llm.local.sampler import sample_next  # noqa: E402
 from agentrl.models.tiny import build_model, build_tokenizer  # noqa: E402
 from agentrl.rollout.collector import RolloutCollector  # noqa: E402
 from agentrl.rollout.tasks import make_tasks  # noqa: E402
 from agentrl.rollout.demos import corpus  # noqa: E402
-from agentrl.runtime.envs import make_agent, make_env_factories  # noqa: E402
-from agentrl.runtime.build import seed_everything  # noqa: E402
-from agentrl.runtime.warm import load_policy  # noqa: E402
+from agentrl.runtime.build.envs import make_agent, make_env_factories  # noqa: E402
+from agentrl.runtime.build.trainer import seed_everything  # noqa: E402
+from agentrl.runtime.build.policy import load_policy  # noqa: E402
 
 TAG = "frozen_lake"  # the default config's one env, tagged by its type
 
@@ -227,7 +227,7 @@ def limit_loop(model, workload: dict) -> tuple[int, int]:
     the turn's live rows in lockstep, each growing by the turn's mean chunk and reply length.
     Only the distinct prompt ids are prefilled (as a perfect prefix cache would: those rows run,
     the other rows get a copy of their keys/values); returns (generated, prefilled)."""
-    from agentrl.llm.kv_cache import SlotKVCache
+    from agentrl.llm.local.kv_cache import SlotKVCache
 
     plan = []
     for k, (n, new, ideal, gen) in enumerate(zip(workload["rows"], workload["new"], workload["ideal"],

@@ -49,7 +49,7 @@ def build(hidden: int, layers: int):
 
 
 def engine(tok, model):
-    from agentrl.llm.local import LocalEngine
+    from agentrl.llm.local.engine import LocalEngine
 
     return LocalEngine(model, eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id, tokenizer=tok)
 
@@ -128,8 +128,8 @@ def in_thread(coro) -> tuple[int, float]:
 
 def child(args: argparse.Namespace) -> None:
     """Serve the model until stdin closes; print the URL."""
-    from agentrl.config_serve import ServeConfig
-    from agentrl.llm.server import start_server
+    from agentrl.config.serve import ServeConfig
+    from agentrl.llm.server.app import start_server
 
     tok, model = build(args.hidden, args.layers)
     handle = start_server(engine(tok, model), tok, ServeConfig(port=0, api_key=KEY, max_tokens=1024, max_n=4))

@@ -107,7 +107,7 @@ def test_engine_knobs_live_in_their_own_section():
 def test_old_rollout_names_still_work_with_a_one_line_warning(tmp_path, capsys):
     import agentrl.config as config
 
-    config._WARNED.clear()
+    config.schema._WARNED.clear()
     path = tmp_path / "old.yaml"
     path.write_text("rollout:\n  batch_size: 16\n  max_total_tokens: 512\n  enable_prefix_caching: false\n")
     cfg = load_config(path, ["rollout.max_num_seqs=8"])
@@ -124,7 +124,7 @@ def test_old_rollout_names_still_work_with_a_one_line_warning(tmp_path, capsys):
 def test_every_moved_engine_name_still_loads_with_one_warning(tmp_path, capsys, key, value):
     import agentrl.config as config
 
-    config._WARNED.clear()
+    config.schema._WARNED.clear()
     path = tmp_path / "old.yaml"
     path.write_text(f"rollout:\n  {key}: {str(value).lower() if isinstance(value, bool) else value}\n")
     assert getattr(load_config(path).engine, key) == value

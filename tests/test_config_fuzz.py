@@ -21,10 +21,10 @@ from typing import Any, Literal
 
 import pytest
 
-import agentrl.runtime.build as building
-import agentrl.runtime.warm as warm
+import agentrl.runtime.build.trainer as building
+import agentrl.runtime.build.policy as warm
 from agentrl.config import Config, load_config
-from agentrl.config_io import _field_types
+from agentrl.config.loading import _field_types
 from agentrl.errors import AgentRLError
 
 ROOT = Path(__file__).parents[1]
@@ -196,8 +196,8 @@ def test_a_tiny_model_too_large_as_a_whole_is_one_line(shape, tmp_path, no_model
 
 
 def test_the_tiny_models_parameter_count_is_the_models_own():
-    from agentrl.config_limits import tiny_parameters
-    from agentrl.config_model import TinyModelConfig
+    from agentrl.config.limits import tiny_parameters
+    from agentrl.config.model import TinyModelConfig
     from agentrl.models.lora import skeleton
     from agentrl.models.tiny import tiny_config
 

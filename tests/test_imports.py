@@ -98,8 +98,8 @@ def test_the_trainer_never_asks_which_rollout_or_engine_it_has():
 # config.py both defines and validates with them: the circle goes once the schema and its loading
 # live in modules of their own.
 TYPE_ONLY_CIRCLES = {
-    frozenset({"agentrl.config", "agentrl.config_checks", "agentrl.config_io", "agentrl.config_model",
-               "agentrl.config_paths", "agentrl.config_runtime", "agentrl.config_serve"}),
+    frozenset({"agentrl.config.schema", "agentrl.config.checks", "agentrl.config.loading", "agentrl.config.model",
+               "agentrl.config.paths", "agentrl.config.runtime", "agentrl.config.serve"}),
 }
 
 

@@ -142,7 +142,7 @@ class OpenAIAgent:
         import httpx
         import openai
 
-        from agentrl.llm.server import session_server
+        from agentrl.llm.server.app import session_server
 
         host = await session_server()
         policy = RunSampling(self.sampling, task, self.budget, self.max_turns)

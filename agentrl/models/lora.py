@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from agentrl.config_model import LoraConfig
+from agentrl.config.model import LoraConfig
 from agentrl.errors import ConfigError
 
 ADAPTER_CONFIG = "__peft_lora_config__"  # the marker key of an adapter state (its value is a dict)

@@ -1,1 +1,1 @@
-"""Runtimes wire the parts together from a config: local (one process)."""
+"""Runtimes wire the parts together from a config: local (one process) or Ray (runtime/ray/)."""

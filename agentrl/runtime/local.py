@@ -11,8 +11,8 @@ from typing import Any
 
 from agentrl.config import Config, save_config
 from agentrl.hub import offline
-from agentrl.runtime.build import build_trainer
-from agentrl.runtime.preflight import preflight
+from agentrl.runtime.build.trainer import build_trainer
+from agentrl.runtime.build.preflight import preflight
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
                                         resume_changes, run_step)
 from agentrl.runtime.threads import kept_threads
@@ -70,7 +70,7 @@ def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: An
     (runtime.kind=local), or its parts placed as Ray actors (runtime.kind=ray, runtime/ray.py: a
     handle with the same fit / _restore / step_idx)."""
     if cfg.runtime.kind == "ray":
-        from agentrl.runtime.ray import ray_trainer
+        from agentrl.runtime.ray.driver import ray_trainer
 
         with ray_trainer(cfg, run_dir, log, tokenizer, factories) as trainer:
             yield trainer

@@ -8,7 +8,7 @@ from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.errors import ConfigError
 from agentrl.llm.conversation import TokenBudget
 from agentrl.llm.engine import SamplingParams
-from agentrl.llm.local import LocalEngine
+from agentrl.llm.local.engine import LocalEngine
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.rollout.demos import ScriptedClient
 from agentrl.rollout.stats import episode_stats

@@ -10,11 +10,11 @@ from agentrl.config import Config
 from agentrl.envs.math_grader import shutdown_grader
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion, SamplingParams
-from agentrl.llm.local import LocalEngine
+from agentrl.llm.local.engine import LocalEngine
 from agentrl.registry import AGENTS, ENVS
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.trajectory import Task
-from agentrl.runtime.envs import import_user_modules
+from agentrl.runtime.build.envs import import_user_modules
 from helpers import RecordingEngine, segments
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "seed_math_agent.py")

@@ -11,7 +11,7 @@ from agentrl.envs.math import MathEnv
 from agentrl.envs.math_grader import shutdown_grader
 from agentrl.llm.conversation import TokenBudget
 from agentrl.llm.engine import Completion, SamplingParams
-from agentrl.llm.local import LocalEngine
+from agentrl.llm.local.engine import LocalEngine
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.trajectory import Task
 from helpers import RecordingEngine, segments

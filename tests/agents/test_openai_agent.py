@@ -14,7 +14,7 @@ from agentrl.agents.chat import ChatAgent
 from agentrl.agents.openai import OpenAIAgent, resolve_entry
 from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.llm.engine import SamplingParams
-from agentrl.llm.local import LocalEngine
+from agentrl.llm.local.engine import LocalEngine
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.rollout.demos import ScriptedClient
 from agentrl.trajectory import Task

@@ -10,11 +10,11 @@ from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.errors import RolloutError
 from agentrl.metrics import read_jsonl
 from agentrl.registry import register_env
-from agentrl.runtime.envs import make_env_factories
+from agentrl.runtime.build.envs import make_env_factories
 from agentrl.models.embedded import cache_root, tiny_cache_key
 from agentrl.runtime.local import train
 from agentrl.rollout.tasks import EVAL_SEED_BASE
-from agentrl.runtime.warm import load_policy
+from agentrl.runtime.build.policy import load_policy
 
 from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
 

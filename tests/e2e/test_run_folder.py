@@ -75,7 +75,7 @@ if where in ("block", "block_always", "block_train", "block_sigint", "async_hang
 # `engine_SIGTERM` / `engine_SIGINT`: the signal comes from the episodes' thread while it is inside
 # torch (the first engine step after the first update); `warm_SIGTERM`: from the warm start's
 # first demonstration. A thread still in torch when the interpreter shuts down aborts (SIGABRT).
-from agentrl.llm.local import LocalEngine
+from agentrl.llm.local.engine import LocalEngine
 from agentrl.rollout.demos import ScriptedClient
 engine_step, scripted, sent = LocalEngine.step, ScriptedClient.generate, []
 def signalling_step(self):
@@ -357,7 +357,7 @@ def test_eval_tags_its_samples_with_the_checkpoints_step(run_copy):
 PRUNE = """
 import shutil, sys
 from pathlib import Path
-import agentrl.runtime.build as build
+import agentrl.runtime.build.trainer as build
 from agentrl.cli import main
 real = build.build_trainer
 def build_trainer(*args, **kwargs):

@@ -8,7 +8,7 @@ from agentrl.agents.chat import ChatAgent
 from agentrl.errors import ConfigError
 from agentrl.llm.conversation import Conversation
 from agentrl.llm.engine import Completion, SamplingParams
-from agentrl.llm.local import LocalEngine
+from agentrl.llm.local.engine import LocalEngine
 from agentrl.trajectory import Task
 from helpers import RecordingEngine, segments
 

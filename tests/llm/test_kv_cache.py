@@ -4,7 +4,7 @@ a forward pass through a SlotView equals one through transformers' DynamicCache.
 import torch
 from transformers import DynamicCache
 
-from agentrl.llm.kv_cache import SlotKVCache, attention_masks
+from agentrl.llm.local.kv_cache import SlotKVCache, attention_masks
 
 
 def _filled(rows=3, length=8):

@@ -10,7 +10,7 @@ import torch
 
 from agentrl.errors import EngineError
 from agentrl.llm.engine import SamplingParams
-from agentrl.llm.local import LocalEngine
+from agentrl.llm.local.engine import LocalEngine
 from agentrl.train.actor import token_logprobs
 
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 from fastapi import FastAPI, Request
 
-from agentrl.config_serve import ServeConfig
+from agentrl.config.serve import ServeConfig
 from agentrl.errors import EngineError
 from agentrl.llm.engine import SamplingParams
-from agentrl.llm.local import LocalEngine
-from agentrl.llm.remote import RemoteEngine, check_server
-from agentrl.llm.server import run_app, start_server
+from agentrl.llm.local.engine import LocalEngine
+from agentrl.llm.remote.engine import RemoteEngine, check_server
+from agentrl.llm.server.app import run_app, start_server
 
 
 def _local(model, tok):

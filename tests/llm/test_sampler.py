@@ -3,7 +3,7 @@
 import torch
 
 from agentrl.llm.engine import SamplingParams
-from agentrl.llm.sampler import filter_top_k_top_p, sample_next, stop_string_hit
+from agentrl.llm.local.sampler import filter_top_k_top_p, sample_next, stop_string_hit
 
 
 def test_inverse_cdf_picks_by_the_uniform_and_reports_scaled_logprobs():

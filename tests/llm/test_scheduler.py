@@ -5,9 +5,9 @@ import random
 import torch
 
 from agentrl.llm.engine import SamplingParams
-from agentrl.llm.kv_cache import SlotKVCache
-from agentrl.llm.prefix_index import BLOCK, PrefixIndex
-from agentrl.llm.scheduler import Request, Scheduler
+from agentrl.llm.local.kv_cache import SlotKVCache
+from agentrl.llm.local.prefix_index import BLOCK, PrefixIndex
+from agentrl.llm.local.scheduler import Request, Scheduler
 
 
 def _sched(**kw):
@@ -118,7 +118,7 @@ def test_prefix_index_walks_shared_blocks_and_forgets():
 
 
 def test_colliding_block_hashes_never_share_a_cache(monkeypatch):
-    import agentrl.llm.prefix_index as prefix_index
+    import agentrl.llm.local.prefix_index as prefix_index
 
     monkeypatch.setattr(prefix_index, "hash", lambda block: 1, raising=False)  # every block collides
     sched = _sched()

@@ -22,10 +22,10 @@ from helpers import nodelay_client
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agentrl.config_serve import ServeConfig
+from agentrl.config.serve import ServeConfig
 from agentrl.errors import EngineError
-from agentrl.llm.local import LocalEngine
-from agentrl.llm.server import start_server
+from agentrl.llm.local.engine import LocalEngine
+from agentrl.llm.server.app import start_server
 from agentrl.llm.weights import save_file_atomic, to_bytes
 
 BINARY = {"content-type": "application/octet-stream"}

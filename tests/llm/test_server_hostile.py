@@ -9,9 +9,9 @@ import httpx
 import pytest
 from helpers import nodelay_client
 
-from agentrl.config_serve import ServeConfig
-from agentrl.llm.local import LocalEngine
-from agentrl.llm.server import start_server
+from agentrl.config.serve import ServeConfig
+from agentrl.llm.local.engine import LocalEngine
+from agentrl.llm.server.app import start_server
 
 KEY = "k"
 H = {"Authorization": f"Bearer {KEY}"}

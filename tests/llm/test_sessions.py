@@ -12,13 +12,13 @@ import openai
 import pytest
 from helpers import nodelay_client, segments
 
-from agentrl.config_serve import ServeConfig
-from agentrl.llm.chat_messages import render
+from agentrl.config.serve import ServeConfig
+from agentrl.llm.server.chat_messages import render
 from agentrl.llm.engine import Completion
-from agentrl.llm.local import LocalEngine
-from agentrl.llm.openai_schema import RequestSampling
-from agentrl.llm.server import start_server
-from agentrl.llm.sessions import RequestPolicy, SessionStore
+from agentrl.llm.local.engine import LocalEngine
+from agentrl.llm.server.openai_schema import RequestSampling
+from agentrl.llm.server.app import start_server
+from agentrl.llm.server.sessions import RequestPolicy, SessionStore
 
 KEY = "session-key"
 

@@ -10,9 +10,9 @@ import torch
 from agentrl.config import LoraConfig, load_config
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import SamplingParams
-from agentrl.llm.local import LocalEngine
+from agentrl.llm.local.engine import LocalEngine
 from agentrl.models.lora import ADAPTER_CONFIG, adapter_state, apply_lora, is_adapter_state
-from agentrl.runtime.build import build_parts
+from agentrl.runtime.build.trainer import build_parts
 from agentrl.train.actor import Reference, token_logprobs
 from agentrl.train.batch import pack
 from agentrl.train.forward import ForwardOptions

@@ -12,14 +12,14 @@ from agentrl.agents.chat import ChatAgent
 from agentrl.config import load_config
 from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.llm.engine import SamplingParams
-from agentrl.llm.local import LocalEngine
+from agentrl.llm.local.engine import LocalEngine
 from agentrl.models.loading import load_pretrained, save_pretrained
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.rollout.tasks import TaskSource
-from agentrl.runtime.engine_actor import EngineActor
-from agentrl.runtime.engine_client import RayEngineClient
-from agentrl.runtime.weight_sync import FileTransport
-from agentrl.runtime.workers import ModelSource, RunSpec
+from agentrl.runtime.ray.engine_actor import EngineActor
+from agentrl.runtime.ray.engine_client import RayEngineClient
+from agentrl.runtime.ray.weight_sync import FileTransport
+from agentrl.runtime.ray.workers import ModelSource, RunSpec
 
 TASKS = TaskSource(seed=3, group_size=3, train_tags=("",) * 4)
 

@@ -5,7 +5,7 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
-from agentrl.runtime.placement import HEAD, check_resources, choose_transport, plan_placement
+from agentrl.runtime.ray.placement import HEAD, check_resources, choose_transport, plan_placement
 
 RAY = ["runtime.kind=ray"]
 

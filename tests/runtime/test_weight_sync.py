@@ -9,7 +9,7 @@ import torch
 import torch.multiprocessing as mp
 from helpers import leave_rank, watch_rank
 
-from agentrl.runtime.weight_sync import (BroadcastTransport, FileTransport, SharedMemoryTransport, layout_of,
+from agentrl.runtime.ray.weight_sync import (BroadcastTransport, FileTransport, SharedMemoryTransport, layout_of,
                                          nbytes_of)
 
 

@@ -23,7 +23,7 @@ from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.metrics import read_jsonl
 from agentrl.trajectory import Task
-from agentrl.runtime.envs import import_user_modules
+from agentrl.runtime.build.envs import import_user_modules
 
 ROOT = Path(__file__).parents[2]
 MODULE = str(Path(__file__).with_name("areal_math_agent.py"))
@@ -251,8 +251,8 @@ def test_the_embedded_default_gives_seed_agents_a_tokenizer_folder(tmp_path, dat
     from transformers import AutoTokenizer
 
     from agentrl.config import load_config
-    from agentrl.runtime.envs import make_env_factories
-    from agentrl.runtime.warm import load_policy
+    from agentrl.runtime.build.envs import make_env_factories
+    from agentrl.runtime.build.policy import load_policy
 
     cfg = load_config(None, [f"imports=[{MODULE}]", "env.type=seed-math-code-single-step",
                              f"env.args.dataset_path={dataset}", "agent.type=seed-math-multi-turn", *TINY,

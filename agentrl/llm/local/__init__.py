@@ -1,0 +1,1 @@
+"""The in-process engine: continuous batching over a slot KV cache, prefix reuse, sampling."""

@@ -1,0 +1,1 @@
+"""The client of inference servers (agentrl serve, vLLM, SGLang): the engine contract over HTTP."""

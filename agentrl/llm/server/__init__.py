@@ -1,0 +1,1 @@
+"""The policy over HTTP: OpenAI's and vLLM's routes, our own control routes, per-episode sessions."""

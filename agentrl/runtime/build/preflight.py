@@ -1,0 +1,162 @@
+"""Every check of a run that needs no model, run before the model is built or warm-started.
+
+A warm start takes minutes on a fresh machine; a mistake that the config alone reveals must
+not wait for it. `preflight(cfg)` checks, in one line each: the advantage estimator, the user
+modules, every env type and its arguments (building and closing one env of each tag), every
+agent type and its arguments (building each agent with a stand-in tokenizer), the context
+limits (rollout.max_model_len against the model's context, read from model.tiny or from
+model.path's config.json, and rollout.max_new_tokens against both), where generation runs
+(every remote engine URL answers; an OpenAI-client agent's entry imports), and LoRA's target
+modules (against a weightless skeleton of the model on the meta device).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.errors import ConfigError, RegistryError, shown
+from agentrl.registry import ESTIMATORS, load_builtins
+from agentrl.runtime.build.engines import check_serving
+from agentrl.runtime.build.envs import check_agents, import_user_modules, make_agent, make_env_factories
+
+
+def preflight(cfg: Config) -> dict[str, Callable[[], Any]]:
+    """Run every model-free check of `cfg`; returns the env factories (one per tag)."""
+    load_builtins()
+    import_user_modules(cfg)  # first: a user's file may register the estimator or loss named below
+    check_estimator(cfg)
+    check_context(cfg)
+    check_lora(cfg)
+    factories = make_env_factories(cfg)
+    check_agents(cfg)
+    check_agent_args(cfg)
+    check_serving(cfg)  # remote servers answer, OpenAI-client agents' entries import
+    return factories
+
+
+def check_estimator(cfg: Config) -> None:
+    """algorithm.adv_estimator must name a registered estimator."""
+    try:
+        ESTIMATORS.get(cfg.algorithm.adv_estimator)
+    except RegistryError as e:
+        raise ConfigError(f"algorithm.adv_estimator: {e}") from None
+
+
+def configured_context(cfg: Config) -> tuple[int | None, str]:
+    """The model's context length as the config gives it (without building the model), and where
+    it comes from; None when model.path's config.json does not say."""
+    if not cfg.model.path:
+        return cfg.model.tiny.max_position_embeddings, "model.tiny.max_position_embeddings"
+    path = Path(cfg.model.path).expanduser() / "config.json"
+    try:
+        value = json.loads(path.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None, str(path)
+    return (value if isinstance(value, int) and value > 0 else None), f"max_position_embeddings in {path}"
+
+
+def check_context(cfg: Config) -> None:
+    """rollout.max_model_len fits the model, and leaves room for a prompt besides a reply."""
+    r = cfg.rollout
+    model_context, source = configured_context(cfg)
+    if r.max_model_len and model_context is not None and r.max_model_len > model_context:
+        raise ConfigError(f"rollout.max_model_len={r.max_model_len} exceeds the model's context of "
+                          f"{model_context} tokens ({source}); use at most {model_context} (or 0 for the model's)")
+    context = r.max_model_len or model_context
+    if context is not None and r.max_new_tokens >= context:
+        what = f"rollout.max_model_len={r.max_model_len}" if r.max_model_len else f"the model's context ({source})"
+        raise ConfigError(f"rollout.max_new_tokens={r.max_new_tokens} leaves no room for a prompt in {what} of "
+                          f"{context} tokens; lower rollout.max_new_tokens or raise the context")
+
+
+def check_lora(cfg: Config) -> None:
+    """With model.lora.rank > 0: peft is installed and every target module name matches a
+    linear layer of the model (read from a skeleton on the meta device: no weights built)."""
+    if not cfg.model.lora.enabled:
+        return
+    from agentrl.models.lora import check_targets, require_peft, skeleton
+
+    require_peft()
+    if cfg.model.path:
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(Path(cfg.model.path).expanduser())
+        except (OSError, ValueError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"could not read the config of model.path={cfg.model.path!r}: {first}") from None
+    else:
+        from agentrl.models.tiny import tiny_config
+
+        config = tiny_config(cfg.model.tiny, cfg.model.tiny.vocab_size)
+    check_targets(skeleton(config), cfg.model.lora.target_modules)
+
+
+class StandInTokenizer:
+    """What agent constructors read of a tokenizer, before the real one exists (it is built with
+    the model): its special ids, and `name_or_path`, a folder that `AutoTokenizer.from_pretrained`
+    loads (a small tokenizer, saved there when first asked for), so that a seed agent's
+    `tokenizer_path` names a real folder, never a Hub repository."""
+
+    eos_token_id = 0
+    pad_token_id = 0
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @property
+    def name_or_path(self) -> str:
+        """The stand-in's tokenizer folder (written on first use)."""
+        if not (self.folder / "tokenizer_config.json").is_file():
+            from agentrl.models.tiny import build_tokenizer
+
+            build_tokenizer(["a stand-in tokenizer"], vocab_size=300).save_pretrained(self.folder)
+        return str(self.folder)
+
+
+def check_agent_args(cfg: Config) -> None:
+    """Build each tag's agent with a stand-in tokenizer; a constructor that rejects its args
+    (TypeError / ValueError) fails now, naming the argument (agent.args.<name>)."""
+    with tempfile.TemporaryDirectory(prefix="agentrl-stand-in-") as tmp:
+        stand_in = StandInTokenizer(Path(tmp) / "tokenizer")
+        for tag in cfg.env_definitions():
+            _check_tag_args(cfg, tag, stand_in)
+
+
+def _check_tag_args(cfg: Config, tag: str, stand_in: StandInTokenizer) -> None:
+    error = _build_error(cfg, tag, None, stand_in)
+    args = cfg.agent_for(tag).args
+    if error is None or not args or _build_error(cfg, tag, {}, stand_in) is not None:
+        return  # fine, or the stand-in tokenizer is not enough to judge: the real build will tell
+    section = f"custom_envs.{tag}.agent" if cfg.env_definitions()[tag].agent is not None else "agent"
+    for name, value in args.items():  # the one argument that fails on its own, if any
+        alone = _build_error(cfg, tag, {name: value}, stand_in)
+        if alone is not None:
+            raise ConfigError(f"{section}.args.{name}={shown(value)} is rejected by agent type "
+                              f"'{cfg.agent_for(tag).type}': {alone.split(': ', 1)[-1]}")
+    raise ConfigError(error)  # only the arguments together are rejected
+
+
+def _build_error(cfg: Config, tag: str, args: dict | None, stand_in: StandInTokenizer) -> str | None:
+    """Why building `tag`'s agent (with `args` instead of the configured ones) fails, or None.
+
+    Only a rejection of the arguments counts (make_agent turns TypeError / ValueError into a
+    ConfigError); a constructor that needs more of the tokenizer than the stand-in has is
+    checked when the real agent is built.
+    """
+    if args is not None:
+        cfg = copy.deepcopy(cfg)
+        cfg.agent_for(tag).args = args
+    try:
+        make_agent(cfg, tag, stand_in)
+    except ConfigError as e:
+        return str(e)
+    except Exception:  # noqa: BLE001 (the stand-in is not enough for this agent: no verdict)
+        return None
+    return None

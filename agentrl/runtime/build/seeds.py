@@ -1,0 +1,67 @@
+"""What the embedded default model needs to serve seed-style (AReaL legacy) agents.
+
+- A tokenizer folder (models/embedded.py: `tokenizer_folder`): seed agents load their own
+  tokenizer from `tokenizer_path` (seed 001 passes `tokenizer_path=self.actor.path`).
+- Text for the tokenizer: the questions and answers of a seed tag's dataset.
+- Warm-start demonstrations: the warm start answers each turn with the env's `sample_action`.
+  A seed env without one, whose tag has a dataset, demonstrates with a random answer of that
+  dataset as the reply (as `MathEnv.sample_action` does with a file's rows); a tag with neither
+  gets no demonstrations (and when no tag has any, the warm start is skipped), said in the log.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.runtime.build.envs import is_seed_tag, seed_rows
+
+MAX_CORPUS_ROWS = 2000  # dataset rows read into the tiny tokenizer's corpus per tag
+
+
+def seed_texts(cfg: Config) -> list[str]:
+    """Questions and answers of the seed tags' datasets, as corpus lines."""
+    out = []
+    for tag in cfg.env_definitions():
+        if is_seed_tag(cfg, tag):
+            for row in seed_rows(cfg, tag)[:MAX_CORPUS_ROWS]:
+                out += [f"user\n{row.question}", "assistant"] + ([row.answer] if row.answer else [])
+    return out
+
+
+class _Demonstrating:
+    """A seed env with a `sample_action` drawn from its dataset's answers (warm start only)."""
+
+    def __init__(self, env: Any, answers: list[str]) -> None:
+        self._env, self._answers = env, answers
+
+    def sample_action(self, rng: random.Random) -> str:
+        return rng.choice(self._answers)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+
+def demo_factories(cfg: Config, factories: dict[str, Callable[[], Any]],
+                   log: Callable[[str], None]) -> dict[str, Callable[[], Any]]:
+    """The tags that can be demonstrated in the warm start, with env factories whose envs all
+    have `sample_action`; the others are named in the log."""
+    out = {}
+    for tag, make_env in factories.items():
+        env = make_env()
+        has_sample = callable(getattr(env, "sample_action", None))
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+        if has_sample:
+            out[tag] = make_env
+            continue
+        answers = sorted({r.answer for r in seed_rows(cfg, tag) if r.answer}) if is_seed_tag(cfg, tag) else []
+        if answers:
+            log(f"warm start: tag {tag}: the env has no sample_action; replies are random answers of its dataset")
+            out[tag] = (lambda f=make_env, a=answers: _Demonstrating(f(), a))
+        else:
+            log(f"warm start: tag {tag} is not demonstrated (its env has no sample_action and no dataset answers)")
+    return out

@@ -1,0 +1,1 @@
+"""The Ray runtime (runtime.kind=ray): the parts that runtime/build/ makes, placed as Ray actors."""

@@ -1,0 +1,365 @@
+"""The Ray runtime (runtime.kind=ray): the same loop, its parts placed as Ray actors.
+
+The driver (this process) checks the config, builds the policy (warm-starting the embedded
+model if needed, as the local runtime does), starts or joins a cluster, checks the placement
+against the cluster's resources before creating anything, reserves one placement group (with a
+timeout), then creates the actors:
+
+    actor_infer   EngineActor x world_size       (runtime/engine_actor.py)
+    env_managers  EnvManagerActor x n            (runtime/env_manager.py)
+    actor_train   TrainerActor (rank 0) + TrainWorkerActor x (world_size - 1)   (runtime/train_actors.py)
+    reference, critic   ModelRoleActor, when the algorithm uses them
+
+Rank 0 runs the unchanged `Trainer` with a `RaySource` (runtime/ray_source.py) and writes the run
+folder, which the driver keeps locked. The driver waits on it, watching the other trainer ranks:
+a rank that dies stops the run with a message naming it and how to resume. Engines and env
+managers are restarted by Ray (runtime.max_restarts) and their lost episodes are retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.config.runtime import placement_summary
+from agentrl.errors import AgentRLError
+from agentrl.metrics import write_summary
+from agentrl.runtime.build.trainer import build_policy, needs_reference, seed_everything
+from agentrl.runtime.ray.engine_client import first_line
+from agentrl.runtime.ray.placement import HEAD, Plan, check_resources, choose_transport, options, plan_placement, reserve
+from agentrl.runtime.build.preflight import preflight
+from agentrl.runtime.ray.cluster import init_cluster, require_ray
+from agentrl.runtime.build.policy import model_context, model_vocab
+from agentrl.runtime.ray.workers import RunSpec, model_source, share, user_registrations
+from agentrl.rollout.tasks import mix
+from agentrl.train.checkpoint import latest_checkpoint, step_of
+
+WATCH_SECONDS = 1.0  # how often the driver checks on the trainer ranks
+
+
+class TrainerRankDied(AgentRLError):
+    """A trainer rank died: data-parallel training cannot go on without it."""
+
+
+@contextlib.contextmanager
+def cluster(cfg: Config, log: Callable[[str], None]) -> Iterator[None]:
+    """A cluster for the run: the caller's when Ray is already initialised (left running), else a
+    local one started here or the one at runtime.address (disconnected at the end)."""
+    ray = require_ray()
+    if ray.is_initialized():
+        yield
+        return
+    rt = cfg.runtime
+    temp = rt.temp_dir or tempfile.mkdtemp(prefix="agentrl-ray-")
+    t0 = time.perf_counter()
+    init_cluster(rt.num_cpus, rt.num_gpus, temp, rt.address)
+    where = f"joined {rt.address}" if rt.address else f"started a local cluster ({rt.num_cpus or os.cpu_count()} CPUs)"
+    ok = False
+    try:
+        log(f"ray: {where} in {time.perf_counter() - t0:.1f} s")
+        yield
+        ok = True
+    except AgentRLError:  # the user's to fix, in the message: the session logs would not help
+        ok = True
+        raise
+    finally:
+        ray.shutdown()
+        if not rt.temp_dir and not rt.address:
+            if ok:
+                shutil.rmtree(temp, ignore_errors=True)
+            else:
+                log(f"ray: session logs kept in {temp}")
+
+
+def local_cluster_resources(cfg: Config) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """(total, nodes) of the local cluster runtime.kind=ray would start here: known before
+    starting it, so an impossible placement fails without waiting for Ray."""
+    import torch
+
+    rt = cfg.runtime
+    node = {"CPU": float(rt.num_cpus or os.cpu_count() or 1),
+            "GPU": float(rt.num_gpus if rt.num_gpus is not None else torch.cuda.device_count()), HEAD: 1.0}
+    return node, [node]
+
+
+def actor_config(cfg: Config, run_dir: Path) -> Config:
+    """The config actors get: absolute paths (their working folder may differ), no progress bar
+    in actors (the driver shows one)."""
+    out = copy.deepcopy(cfg)
+    out.run_dir = str(run_dir.resolve())
+    out.imports = [str(Path(p).expanduser().resolve()) if p.endswith(".py") else p for p in cfg.imports]
+    if out.model.path:
+        out.model.path = str(Path(out.model.path).expanduser().resolve())
+    out.trainer.progress = False
+    return out
+
+
+@contextlib.contextmanager
+def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
+                tokenizer: Any = None, factories: dict[str, Callable] | None = None) -> Iterator[RayRun]:
+    """The run's parts placed on Ray; yields what the local runtime's trainer offers (fit,
+    _restore, step_idx), and stops every actor at the end (`factories`: the env factories of a
+    preflight the caller already ran)."""
+    ray = require_ray()
+    if factories is None:
+        factories = preflight(cfg)  # every model-free check before the cluster starts
+    t_start = time.perf_counter()
+    plan = plan_placement(cfg, reference=needs_reference(cfg), critic=cfg.critic.enable)
+    if not ray.is_initialized() and not cfg.runtime.address:
+        check_resources(plan, cfg, *local_cluster_resources(cfg))  # before starting Ray: in a second
+    with cluster(cfg, log):
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        check_resources(plan, cfg, ray.cluster_resources(), nodes)
+        pg = reserve(plan, cfg)  # before the model: a placement that cannot be had fails in seconds
+        t_placed = time.perf_counter()
+        actors = Actors()
+        try:
+            seed_everything(cfg.seed)
+            model, tokenizer, _ = build_policy(cfg, log, tokenizer, factories)  # as the local runtime: same draws
+            t_policy = time.perf_counter()
+            run = launch(cfg, plan, pg, model, tokenizer, run_dir, log, actors)
+            del model  # the actors hold their own copies
+            run.timings = {"ray_start_seconds": round(t_placed - t_start, 2),  # cluster, checks, placement group
+                           "policy_seconds": round(t_policy - t_placed, 2),
+                           "ray_actors_seconds": round(time.perf_counter() - t_policy, 2)}
+            log(f"ray: placed {placement_summary(cfg.runtime)}; actors ready in {run.timings['ray_actors_seconds']:.1f}"
+                f" s; weights by {run.transport}")
+            yield run
+        finally:
+            actors.stop()
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+
+
+class Actors:
+    """Every actor of the run, to stop them all at the end."""
+
+    def __init__(self) -> None:
+        self.prefix = f"agentrl-{uuid.uuid4().hex[:8]}-"
+        self.handles: list[Any] = []
+        self.keep: list[Any] = []  # object refs the actors read (on restarts too)
+
+    def create(self, cls: type, name: str, worker: Any, pg: Any, args: tuple, **kw: Any) -> Any:
+        """`cls(*args)` as a named actor in `worker`'s bundle."""
+        import ray
+
+        handle = ray.remote(cls).options(name=self.prefix + name, **options(worker, pg), **kw).remote(*args)
+        self.handles.append(handle)
+        return handle
+
+    def stop(self) -> None:
+        """Kill every actor (no restart)."""
+        import ray
+
+        for handle in self.handles:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+        self.handles.clear()
+        self.keep.clear()
+
+
+def wait_all(refs: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    """{name: result} of actor calls; an actor that failed to start is one line naming it."""
+    import ray
+
+    out: dict[str, Any] = {}
+    for name, ref in refs.items():
+        try:
+            out[name] = ray.get(ref, timeout=timeout)
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, AgentRLError):
+                raise cause from None
+            raise AgentRLError(f"{name} failed to start: {first_line(cause or e)}") from None
+        except ray.exceptions.RayActorError as e:
+            raise AgentRLError(f"{name} failed to start: {first_line(e)}") from None
+        except ray.exceptions.GetTimeoutError:
+            raise AgentRLError(f"{name} did not answer within {timeout:g} s") from None
+    return out
+
+
+def launch(cfg: Config, plan: Plan, pg: Any, model: Any, tokenizer: Any, run_dir: Path,
+           log: Callable[[str], None], actors: Actors) -> RayRun:
+    """Create every actor in its bundle, join the collective groups, and build the trainer."""
+    from agentrl.runtime.ray.engine_actor import EngineActor
+    from agentrl.runtime.ray.env_manager import EnvManagerActor
+    from agentrl.runtime.ray.train_actors import ModelRoleActor, TrainerActor, TrainWorkerActor
+
+    rt, acfg = cfg.runtime, actor_config(cfg, run_dir)
+    restarts, key = rt.max_restarts, uuid.uuid4().hex if rt.engine_transport == "http" else None  # os.urandom
+    shared = share(RunSpec(acfg, tokenizer, model_source(acfg.model.path, cfg.model.dtype, model),
+                           model_context(model), user_registrations(), model_vocab(model)))
+    infer = plan.of("actor_infer")
+    names = [f"engine-{w.index}" for w in infer]
+    seeds = [cfg.seed if w.index == 0 else mix(cfg.seed, w.index) for w in infer]
+    engines = [actors.create(EngineActor, names[i], w, pg, (shared, w.index, seeds[i], key), max_restarts=restarts,
+                             max_task_retries=0) for i, w in enumerate(infer)]
+    managers = []
+    for w in plan.of("env_manager"):
+        bound = bound_engines(w.index, rt.env_managers, len(engines))
+        managers.append(actors.create(EnvManagerActor, f"env_manager-{w.index}", w, pg,
+                                      (shared, [engines[e] for e in bound], [names[e] for e in bound], w.index, key),
+                                      max_restarts=restarts, max_task_retries=0))
+    train = plan.of("actor_train")
+    rank0 = actors.create(TrainerActor, "actor_train-0", train[0], pg, (shared,), max_restarts=0)
+    workers = [actors.create(TrainWorkerActor, f"actor_train-{w.index}", w, pg, (shared, w.index),
+                             max_restarts=0, max_concurrency=2) for w in train[1:]]
+    roles = {w.role: actors.create(ModelRoleActor, w.role, w, pg, (shared, w.role), max_restarts=0)
+             for w in plan.workers if w.role in ("reference", "critic")}
+    actors.keep.append(shared)  # the spec (and the model in it) lives as long as the run: restarts read it
+    started = wait_all({f"{rt_name}": h.info.remote() for rt_name, h in
+                        [*zip(names, engines), *[(f"env manager {i}", m) for i, m in enumerate(managers)],
+                         ("trainer rank 0", rank0), *[(f"trainer rank {i + 1}", h) for i, h in enumerate(workers)],
+                         *roles.items()]})
+    if workers:  # the trainer ranks' group: every rank joins at once
+        host, port = wait_all({"trainer rank 0": rank0.dist_address.remote()})["trainer rank 0"]
+        wait_all({f"trainer rank {i}": h.init_dist.remote(host, port) for i, h in enumerate([rank0, *workers])},
+                 timeout=rt.collective_timeout)
+    engine_infos = [{**started[n], "gpu": w.gpu} for n, w in zip(names, infer)]
+    transport = choose_transport(cfg, {**started["trainer rank 0"], "gpu": train[0].gpu}, engine_infos)
+    parts = {"engines": engines, "engine_names": names, "managers": managers,
+             "transport": "object_store" if transport == "nccl" else transport,
+             "weights_dir": str(Path(acfg.run_dir) / ".weight_sync")}
+    wait_all({"trainer rank 0": rank0.setup.remote(parts, workers, roles.get("reference"), roles.get("critic"))})
+    if transport == "nccl":
+        host, port = wait_all({"trainer rank 0": rank0.weight_group_address.remote()})["trainer rank 0"]
+        size = len(engines) + 1
+        wait_all({"weight group": rank0.join_weight_group.remote(host, port, size, "nccl"),
+                  **{n: e.join_weight_group.remote(host, port, i + 1, size, "nccl")
+                     for i, (n, e) in enumerate(zip(names, engines))}}, timeout=rt.collective_timeout)
+    return RayRun(rank0, workers, run_dir, cfg, transport)
+
+
+def bound_engines(manager: int, managers: int, engines: int) -> list[int]:
+    """The engine replicas env manager `manager` sends its episodes to: its own share when there
+    are at least as many replicas as managers, else one replica shared with other managers."""
+    if engines >= managers:
+        return [e for e in range(engines) if e % managers == manager]
+    return [manager % engines]
+
+
+class RayRun:
+    """The driver's handle on a placed run: what `open_run` asks of a trainer."""
+
+    def __init__(self, rank0: Any, workers: list[Any], run_dir: Path, cfg: Config, transport: str) -> None:
+        self.rank0, self.workers, self.run_dir, self.cfg = rank0, workers, Path(run_dir), cfg
+        self.transport = transport
+        self.timings: dict[str, float] = {}
+
+    @property
+    def step_idx(self) -> int:
+        """The last step trained."""
+        return self._get(self.rank0.step.remote())
+
+    def _restore(self) -> None:
+        """Rank 0 continues from the newest readable checkpoint."""
+        self._get(self.rank0.restore.remote())
+
+    def fit(self, resume: bool = False) -> dict[str, Any]:
+        """Train (rank 0 runs the loop); the run's summary, with the Ray start-up times added."""
+        summary = self._get(self.rank0.fit.remote(resume), watch=True)
+        summary = {**summary, **self.timings}
+        write_summary(self.run_dir, summary)
+        return summary
+
+    def _get(self, ref: Any, watch: bool = False) -> Any:
+        """The result of a call on rank 0; watching the other ranks meanwhile."""
+        import ray
+
+        bar = _Progress(self.cfg, self.run_dir) if watch else None
+        try:
+            while True:
+                ready, _ = ray.wait([ref], timeout=WATCH_SECONDS)
+                if ready:
+                    return self._result(ref)
+                if bar is not None:
+                    bar.update()
+                self._check_ranks()
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _result(self, ref: Any) -> Any:
+        import ray
+
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
+            self._check_ranks()  # a rank that died makes rank 0 fail too (its all-reduce broke): say so
+            cause = getattr(e, "cause", None)
+            raise (cause if isinstance(cause, BaseException) else e) from None
+        except ray.exceptions.RayActorError as e:
+            self._died(0, e)
+
+    def _check_ranks(self) -> None:
+        import ray
+
+        for k, worker in enumerate(self.workers, start=1):
+            try:
+                ray.get(worker.ping.remote(), timeout=30)
+            except ray.exceptions.RayActorError as e:
+                self._died(k, e)
+            except ray.exceptions.GetTimeoutError:
+                pass  # busy beyond its second thread: not known dead
+
+    def _died(self, rank: int, error: Exception) -> None:
+        ckpt = latest_checkpoint(self.run_dir / "checkpoints")
+        at = f"the newest checkpoint is step {step_of(ckpt)}" if ckpt else "no checkpoint was written yet"
+        raise TrainerRankDied(f"trainer rank {rank} died ({first_line(error)}); the run stopped after step "
+                              f"{last_step(self.run_dir)} and {at}: continue it with `agentrl resume {self.run_dir}`")
+
+
+def last_step(run_dir: Path) -> int:
+    """The last step metrics.jsonl holds (0 when none)."""
+    from agentrl.metrics import read_jsonl
+
+    path = run_dir / "metrics.jsonl"
+    rows = read_jsonl(path) if path.is_file() else []
+    return max((int(r.get("step", 0)) for r in rows), default=0)
+
+
+class _Progress:
+    """The driver's progress bar: steps as rank 0 logs them to metrics.jsonl."""
+
+    def __init__(self, cfg: Config, run_dir: Path) -> None:
+        t = cfg.trainer
+        self.path, self.bar, self.offset = run_dir / "metrics.jsonl", None, 0
+        if t.progress and "console" in t.logger and "jsonl" in t.logger:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=t.total_steps, unit="step", dynamic_ncols=True)
+
+    def update(self) -> None:
+        """Advance to the newest step logged."""
+        if self.bar is None or not self.path.is_file():
+            return
+        with open(self.path) as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        lines = chunk.split("\n")
+        self.offset += len(chunk) - len(lines[-1])  # a torn last line is read again next time
+        for line in lines[:-1]:
+            with contextlib.suppress(ValueError):
+                row = json.loads(line)
+                if "reward/mean" in row:
+                    self.bar.set_postfix({"reward": f"{row['reward/mean']:.2f}"}, refresh=False)
+                self.bar.update(max(0, int(row.get("step", 0)) - self.bar.n))
+
+    def close(self) -> None:
+        """Finish the bar."""
+        if self.bar is not None:
+            self.update()
+            self.bar.close()
+

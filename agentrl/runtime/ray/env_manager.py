@@ -1,0 +1,47 @@
+"""An env manager as a Ray actor (ROLL's name): it builds every tag's envs and agents from the
+config and plays the episodes of the groups it is given, all at once, with the same collector
+as the local runtime (rollout/collector.py: retries, timeouts, failed groups dropped), against
+the engine replicas bound to it (by Ray actor calls, or over HTTP: runtime.engine_transport)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.rollout.collector import CollectResult
+from agentrl.runtime.ray.engine_client import RayEngineClient
+from agentrl.runtime.ray.engine_http import HttpEngineClient
+from agentrl.runtime.build.envs import import_user_modules, make_budget, make_collector, make_env_factories
+from agentrl.runtime.ray.workers import SharedSpec, node_id, setup_worker
+from agentrl.trajectory import Task
+
+
+class EnvManagerActor:
+    """Plays episodes for the trainer; many at once, as asyncio tasks in the actor's event loop."""
+
+    def __init__(self, shared: SharedSpec, engines: list[Any], engine_names: list[str], index: int,
+                 api_key: str | None = None) -> None:
+        spec = shared.get()
+        cfg = spec.cfg
+        setup_worker(cfg.runtime.num_threads, spec.registrations)
+        import_user_modules(cfg)
+        self.index = index
+        factories = make_env_factories(cfg)
+        self.client: Any
+        if cfg.runtime.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
+            self.client = HttpEngineClient(engines, engine_names, api_key or "", cfg.runtime.restart_timeout,
+                                           cfg.engine.request_timeout, seed=cfg.seed + index)
+        else:
+            self.client = RayEngineClient(engines, engine_names, client=f"env_manager-{index}",
+                                          restart_timeout=cfg.runtime.restart_timeout)
+        self.collector = make_collector(cfg, spec.tokenizer, factories, self.client, make_budget(cfg, spec.context),
+                                        spec.vocab_size)
+
+    async def collect(self, tasks: list[Task], first_attempt: int = 0) -> CollectResult:
+        """Play `tasks` (whole groups) to the end; `first_attempt` > 0 replays tasks whose
+        earlier attempts died with a previous incarnation of this actor."""
+        return await self.collector.acollect(tasks, first_attempt)
+
+    async def info(self) -> dict[str, Any]:
+        """Where it runs (and, over HTTP, the engine servers it reaches: started now, not mid-step)."""
+        urls = await self.client.connect() if isinstance(self.client, HttpEngineClient) else None
+        return {"node": node_id(), "index": self.index, "engine_urls": urls}

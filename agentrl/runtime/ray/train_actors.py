@@ -1,0 +1,248 @@
+"""The learning side on Ray: trainer ranks, and the reference and critic as actors of their own.
+
+Trainer rank 0 (`TrainerActor`) runs the unchanged `Trainer` loop. What the trainer holds is
+what it holds in one process: an actor (here `ShardedActor`: rank 0's own `Actor` plus the
+other ranks, which it drives), a rollout source (`RaySource`), and when used a reference and a
+critic (`RemoteReference`, `RemoteCritic`: the same methods, run in their actors). The other
+ranks (`TrainWorkerActor`) hold an `Actor` each and update on their share of each mini-batch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.config import Config
+from agentrl.runtime.build.trainer import build_critic, build_reference, eval_baselines, seed_everything, update_horizon
+from agentrl.runtime.build.envs import import_user_modules, make_env_factories
+from agentrl.runtime.ray.workers import SharedSpec, free_address, load_model, node_id, role_device, setup_worker
+from agentrl.train.actor import Actor
+from agentrl.train.batch import Batch
+from agentrl.train.parallel import DataParallel, init_group, merge_stats
+from agentrl.train.trainer import Trainer
+
+
+def dist_backend(cfg: Config) -> str:
+    """NCCL for ranks on GPUs, gloo on CPU."""
+    return "nccl" if cfg.runtime.actor_train.device_mapping else "gloo"
+
+
+class TrainRank:
+    """One trainer rank's model and `Actor` (data-parallel once the group is joined)."""
+
+    def __init__(self, shared: SharedSpec, rank: int) -> None:
+        spec = shared.get()
+        cfg, role = spec.cfg, spec.cfg.runtime.actor_train
+        setup_worker(cfg.runtime.num_threads, spec.registrations)
+        self.spec = spec
+        import_user_modules(cfg)
+        seed_everything(cfg.seed)
+        self.cfg, self.rank, self.world_size = cfg, rank, role.world_size
+        self.model = load_model(spec.model, role)  # float32 master weights, as in one process
+        self.actor = self._actor(None)
+
+    def _actor(self, parallel: DataParallel | None) -> Actor:
+        cfg = self.cfg
+        return Actor(self.model, cfg.actor, temperature=cfg.rollout.temperature, horizon=update_horizon(cfg),
+                     packed=cfg.model.use_remove_padding, parallel=parallel)
+
+    def dist_address(self) -> tuple[str, int]:
+        """Where rank 0 hosts the group's store."""
+        return free_address()
+
+    def init_dist(self, host: str, port: int) -> int:
+        """Join the trainer ranks' group and wrap the model in DDP (every rank at once)."""
+        if self.world_size > 1:
+            init_group(host, port, self.rank, self.world_size, dist_backend(self.cfg),
+                       self.cfg.runtime.collective_timeout)
+            self.actor = self._actor(DataParallel(self.model, self.rank, self.world_size))
+        return self.rank
+
+    def info(self) -> dict[str, Any]:
+        """Where it runs."""
+        return {"node": node_id(), "rank": self.rank, "device": str(role_device(self.cfg.runtime.actor_train))}
+
+
+class TrainWorkerActor(TrainRank):
+    """Trainer rank k >= 1: updates on its share, driven by rank 0."""
+
+    def update(self, batch: Batch, lr: float) -> dict[str, list[float]]:
+        """This rank's share of an update at learning rate `lr`; its raw statistics."""
+        for group in self.actor.optimizer.param_groups:
+            group["lr"] = lr
+        return self.actor.update_stats(batch)
+
+    def load_state(self, weights: dict[str, torch.Tensor], optimizer_state: dict,
+                   master: dict[int, torch.Tensor] | None = None) -> None:
+        """Continue from a checkpoint (rank 0 read it)."""
+        self.actor.load_state(weights, optimizer_state, master)
+
+    def ping(self) -> bool:
+        """Alive (answered from a second thread while an update runs)."""
+        return True
+
+
+class ShardedActor:
+    """What the trainer holds as its actor when there are several ranks: rank 0's `Actor`, whose
+    update also runs on every other rank (each on its share), statistics merged."""
+
+    def __init__(self, local: Actor, workers: list[Any]) -> None:
+        self.local = local
+        self.workers = workers
+        self.model = local.model
+        self.optimizer = local.optimizer
+        self.master = local.master  # float32 master copies, checkpointed from rank 0
+        self.cfg = local.cfg
+        self._lr = local.cfg.lr
+
+    @property
+    def device(self) -> torch.device:
+        """Where rank 0's model lives."""
+        return self.local.device
+
+    def schedule(self, step: int, total: int) -> float:
+        """Set the learning rate (every rank gets it with the next update)."""
+        self._lr = self.local.schedule(step, total)
+        return self._lr
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """Rank 0's logprobs of the whole batch (a forward only)."""
+        return self.local.compute_logprobs(batch)
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Every rank's share of the update; the metrics one worker would report."""
+        import ray
+
+        ref = ray.put(batch)
+        pending = [w.update.remote(ref, self._lr) for w in self.workers]
+        mine = self.local.update_stats(batch)
+        return merge_stats([mine, *ray.get(pending)])
+
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """What the engines need: rank 0's weights (every rank holds the same)."""
+        return self.local.engine_weights()
+
+    def load_state(self, weights: dict[str, torch.Tensor], optimizer_state: dict,
+                   master: dict[int, torch.Tensor] | None = None) -> None:
+        """Every rank continues from the checkpoint."""
+        import ray
+
+        pending = [w.load_state.remote(weights, optimizer_state, master) for w in self.workers]
+        self.local.load_state(weights, optimizer_state, master)
+        ray.get(pending)
+
+
+class ModelRoleActor:
+    """The reference or the critic in an actor of its own."""
+
+    def __init__(self, shared: SharedSpec, role: str) -> None:
+        spec = shared.get()
+        cfg, section = spec.cfg, getattr(spec.cfg.runtime, role)
+        setup_worker(cfg.runtime.num_threads, spec.registrations)
+        import_user_modules(cfg)
+        policy = load_model(spec.model, section)
+        self.obj = build_reference(cfg, policy) if role == "reference" else \
+            build_critic(cfg, policy, role_device(section))
+
+    def call(self, method: str, *args: Any) -> Any:
+        """obj.method(*args)."""
+        return getattr(self.obj, method)(*args)
+
+    def info(self) -> dict[str, Any]:
+        """Where it runs."""
+        return {"node": node_id()}
+
+
+class RemoteReference:
+    """The trainer's view of the reference actor."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """The reference policy's logprobs, (B, T)."""
+        import ray
+
+        return ray.get(self.handle.call.remote("compute_logprobs", batch))
+
+
+class RemoteCritic:
+    """The trainer's view of the critic actor."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def _call(self, method: str, *args: Any) -> Any:
+        import ray
+
+        return ray.get(self.handle.call.remote(method, *args))
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """Values of every position, (B, T)."""
+        return self._call("compute_values", batch)
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """The critic's update and its metrics."""
+        return self._call("update", batch)
+
+    def state_dict(self) -> dict:
+        """Weights and optimizer state."""
+        return self._call("state_dict")
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore weights and optimizer state."""
+        self._call("load_state_dict", state)
+
+
+class TrainerActor(TrainRank):
+    """Trainer rank 0: the training loop, the run folder's writer, the source of weights."""
+
+    def __init__(self, shared: SharedSpec) -> None:
+        super().__init__(shared, 0)
+        self.tokenizer = self.spec.tokenizer
+        self.run_dir = Path(self.cfg.run_dir)
+        self.trainer: Trainer | None = None
+        self.source: Any = None
+
+    def setup(self, source_parts: dict[str, Any], workers: list[Any], reference: Any, critic: Any) -> int:
+        """Build the trainer over the placed parts; returns the policy version the engines serve."""
+        from agentrl.runtime.ray.source import RaySource
+
+        cfg = self.cfg
+        self.source = RaySource(cfg, weights=lambda: self.model.state_dict(), **source_parts)
+        actor = ShardedActor(self.actor, workers) if workers else self.actor
+        self.trainer = Trainer(cfg, actor, self.source, self.tokenizer, self.run_dir,
+                               eval_baselines=eval_baselines(make_env_factories(cfg)),
+                               reference=RemoteReference(reference) if reference is not None else None,
+                               critic=RemoteCritic(critic) if critic is not None else None)
+        self.trainer.log = lambda message: print(message, file=sys.stderr, flush=True)
+        return self.trainer.version
+
+    def weight_group_address(self) -> tuple[str, int]:
+        """Where rank 0 hosts the weight broadcast group's store."""
+        return free_address()
+
+    def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> str:
+        """Join the broadcast group with the engines, as its rank 0."""
+        from agentrl.runtime.ray.weight_sync import make_transport
+
+        transport = make_transport(backend)
+        transport.join(host, port, 0, world_size, self.cfg.runtime.collective_timeout, self.actor.device)
+        self.source.use_transport(transport)
+        return backend
+
+    def restore(self) -> int:
+        """Continue from the run folder's newest readable checkpoint; returns its step."""
+        self.trainer._restore()  # noqa: SLF001 (the local runtime's resume path, unchanged)
+        return self.trainer.step_idx
+
+    def step(self) -> int:
+        """The last step trained."""
+        return self.trainer.step_idx
+
+    def fit(self, resume: bool) -> dict[str, Any]:
+        """Train to trainer.total_steps; the run's summary."""
+        return self.trainer.fit(resume=resume)
