@@ -104,56 +104,23 @@ def test_engine_knobs_live_in_their_own_section():
     assert not hasattr(cfg.rollout, "max_num_seqs")
 
 
-def test_old_rollout_names_still_work_with_a_one_line_warning(tmp_path, capsys):
-    import agentrl.config as config
-
-    config.schema._WARNED.clear()
-    path = tmp_path / "old.yaml"
-    path.write_text("rollout:\n  batch_size: 16\n  max_total_tokens: 512\n  enable_prefix_caching: false\n")
-    cfg = load_config(path, ["rollout.max_num_seqs=8"])
-    assert (cfg.engine.max_total_tokens, cfg.engine.enable_prefix_caching, cfg.engine.max_num_seqs) == (512, False, 8)
-    assert cfg.rollout.batch_size == 16
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and all(line.startswith("agentrl: warning: rollout.") for line in err)
-    assert "rollout.max_num_seqs is deprecated; use engine.max_num_seqs" in err[-1]
-
-
 @pytest.mark.parametrize("key, value", [("max_num_seqs", 8), ("max_num_batched_tokens", 1024),
-                                        ("max_total_tokens", 512), ("enable_prefix_caching", False),
+                                        ("max_total_tokens", 512), ("enable_prefix_caching", "false"),
                                         ("kv_on_weight_update", "keep")])
-def test_every_moved_engine_name_still_loads_with_one_warning(tmp_path, capsys, key, value):
-    import agentrl.config as config
-
-    config.schema._WARNED.clear()
+def test_an_engine_knob_under_its_old_rollout_name_is_one_line_naming_the_new_key(tmp_path, key, value):
     path = tmp_path / "old.yaml"
-    path.write_text(f"rollout:\n  {key}: {str(value).lower() if isinstance(value, bool) else value}\n")
-    assert getattr(load_config(path).engine, key) == value
-    assert getattr(load_config(None, [f"rollout.{key}={value}"]).engine, key) == value
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"agentrl: warning: rollout.{key} is deprecated; use engine.{key} (the old name will be "
-                   "removed in the next release)"]
+    path.write_text(f"rollout:\n  {key}: {value}\n")
+    expected = f"unknown config key 'rollout.{key}'. Did you mean 'engine.{key}'?"
+    for args in ((path,), (None, [f"rollout.{key}={value}"])):
+        with pytest.raises(ConfigError) as err:
+            load_config(*args)
+        assert str(err.value) == expected
+    load_config(None, [f"engine.{key}={value}"])  # the new name takes the same value
 
 
-def test_old_and_new_names_that_disagree_are_one_error(tmp_path):
-    path = tmp_path / "both.yaml"
-    path.write_text("rollout:\n  max_num_seqs: 8\nengine:\n  max_num_seqs: 16\n")
-    with pytest.raises(ConfigError, match=r"rollout.max_num_seqs=8 and engine.max_num_seqs=16 disagree"):
-        load_config(path)
-    path.write_text("rollout:\n  max_num_seqs: 16\nengine:\n  max_num_seqs: 16\n")
-    assert load_config(path).engine.max_num_seqs == 16
-
-
-def test_a_saved_config_writes_only_the_new_names(tmp_path):
-    from agentrl.config import save_config
-
-    save_config(load_config(None, ["rollout.max_num_seqs=8"]), tmp_path / "c.yaml")
-    text = (tmp_path / "c.yaml").read_text()
-    assert "max_num_seqs: 8" in text.split("engine:")[1] and "max_num_seqs" not in text.split("engine:")[0]
-
-
-def test_a_run_folder_saved_with_old_names_resumes_without_a_change(tmp_path):
-    from agentrl.runtime.run_folder import resume_changes
-
-    (tmp_path / "config.yaml").write_text("rollout:\n  max_num_seqs: 8\n  max_num_batched_tokens: 4096\n")
-    cfg = load_config(None, ["engine.max_num_seqs=8", "engine.max_num_batched_tokens=4096"])
-    assert resume_changes(cfg, tmp_path, 0) == {}
+def test_an_unknown_key_names_the_same_field_of_another_section_first():
+    with pytest.raises(ConfigError, match=r"unknown config key 'actor.group_size'. Did you mean 'rollout.group_size'\?"):
+        load_config(None, ["actor.group_size=4"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'rollout.max_new_token'. Did you mean "
+                                          r"'rollout.max_new_tokens'\?"):
+        load_config(None, ["rollout.max_new_token=4"])

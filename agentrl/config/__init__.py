@@ -16,11 +16,12 @@ The names below are the config's public API (`from agentrl.config import Config,
 from agentrl.config.algo import (ActorConfig, AlgorithmConfig, CriticConfig, FilterGroupsConfig, KLControlConfig,
                                  PolicyLossConfig)
 from agentrl.config.checks import BUILTIN_POLICY_LOSSES, validate
+from agentrl.config.engine import EngineConfig
+from agentrl.config.loading import all_keys, field_docs, load_config, resolve, save_config, to_dict
 from agentrl.config.model import LoraConfig, ModelConfig, TinyModelConfig, WarmStartConfig
 from agentrl.config.runtime import RoleConfig, RuntimeConfig
-from agentrl.config.schema import (AgentConfig, Config, CustomEnvConfig, EngineConfig, EnvConfig, EnvManagerConfig,
-                                   RolloutConfig, TrainerConfig, all_keys, field_docs, load_config, resolve,
-                                   save_config, to_dict)
+from agentrl.config.schema import (AgentConfig, Config, CustomEnvConfig, EnvConfig, EnvManagerConfig, RolloutConfig,
+                                   TrainerConfig)
 from agentrl.config.serve import ServeConfig
 
 __all__ = ["ActorConfig", "AgentConfig", "AlgorithmConfig", "BUILTIN_POLICY_LOSSES", "Config", "CriticConfig",

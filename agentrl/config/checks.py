@@ -1,19 +1,21 @@
-"""Validation of a loaded Config: impossible values and combinations, each one line naming the
-field and what would be accepted, before any work starts."""
+"""The checks of a loaded Config across its fields: impossible values and combinations, each one
+line naming the field and what would be accepted, before any work starts. `validate` runs them
+all, after every number has its range (limits.py) and every path its form (paths.py); what needs
+the user's modules, an env or a server comes later, still before any model (runtime/build/preflight.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from agentrl.config.limits import check_limits
-from agentrl.config.model import check_model_section
 from agentrl.config.paths import check_config_paths
-from agentrl.config.serve import validate_serve
-from agentrl.config.runtime import check_runtime
+from agentrl.config.runtime import ADDRESS_FORM, RoleConfig, RuntimeConfig
+from agentrl.config.serve import is_loopback
 from agentrl.errors import ConfigError, did_you_mean, shown
 
-if TYPE_CHECKING:  # config.py calls validate; the types only are needed here
+if TYPE_CHECKING:  # loading.py calls validate; the types only are needed here
     from agentrl.config.schema import Config
 
 def validate(cfg: Config) -> None:
@@ -24,7 +26,7 @@ def validate(cfg: Config) -> None:
     if r.batch_size % r.group_size:
         raise ConfigError(
             f"rollout.batch_size={r.batch_size} is not a multiple of rollout.group_size={r.group_size}; "
-            f"use a batch_size like {max(1, r.batch_size // r.group_size) * r.group_size}"
+            f"use a batch_size like {max(1, r.groups_per_step) * r.group_size}"
         )
     if r.batch_size % a.ppo_mini_batch_size:
         raise ConfigError(
@@ -110,3 +112,162 @@ def _validate_env_groups(cfg: Config) -> None:
                               "with its count in n_groups")
         cfg.group_tags(split)  # raises on a count mismatch or an uneven split
 
+
+# ---------------------------------------------------------------------------- model
+def check_model_section(cfg: Config) -> None:
+    """model.lora and the token budgets: one line naming the field, before anything is built."""
+    lora = cfg.model.lora
+    if lora.enabled:
+        names = lora.target_modules
+        if not names or not all(isinstance(n, str) and n.strip() for n in names):
+            raise ConfigError(f"model.lora.target_modules={names} must name at least one linear layer "
+                              "(e.g. [q_proj, v_proj]) or be [all-linear]")
+        if "all-linear" in names and len(names) > 1:
+            raise ConfigError(f"model.lora.target_modules={names}: all-linear already names every linear "
+                              "layer; give it alone or list the layers")
+
+
+# ---------------------------------------------------------------------------- engine and serve
+def validate_serve(cfg: Config) -> None:
+    """The engine placement and serve sections: one line per bad value."""
+    e, s = cfg.engine, cfg.serve
+    if e.kind == "remote" and not e.urls:
+        raise ConfigError("engine.kind=remote needs engine.urls, e.g. engine.urls=[http://127.0.0.1:8000] "
+                          "(start one with `agentrl serve CONFIG`)")
+    for i, url in enumerate(e.urls):
+        check_url(url, f"engine.urls[{i}]")
+    if e.api_key is not None and e.api_key_file is not None:
+        raise ConfigError("engine.api_key and engine.api_key_file are both set; give the key one way")
+    if len(set(e.urls)) != len(e.urls):
+        raise ConfigError(f"engine.urls={e.urls} names a server twice; list each once")
+    if e.kind == "remote" and e.protocol in ("vllm", "sglang") and not e.weights_dir:
+        raise ConfigError(f"engine.protocol={e.protocol} loads new weights from disk: set engine.weights_dir to "
+                          f"the folder the {e.protocol} servers were started with (a disk they share with training)")
+    if not s.host.strip():
+        raise ConfigError("serve.host must name an interface, e.g. 127.0.0.1")
+    for name, key in (("engine.api_key", e.api_key), ("serve.api_key", s.api_key)):
+        if key is not None:
+            check_api_key(key, name)
+    if not is_loopback(s.host) and s.api_key is None:
+        raise ConfigError(f"serve.host={shown(s.host)} is not a loopback address (127.x, ::1 or localhost; a name "
+                          "is not resolved): it would expose the server beyond this machine: set serve.api_key too "
+                          "(or keep serve.host=127.0.0.1)")
+
+
+def check_api_key(key: str, name: str) -> None:
+    """A bearer key an HTTP header can carry: printable ASCII, no spaces (the key is never echoed)."""
+    if not key.strip():
+        raise ConfigError(f"{name} is empty; give a key or null for none")
+    bad = next((c for c in key if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ConfigError(f"{name} holds {bad!r} (character {key.index(bad) + 1}): a key travels in an HTTP "
+                          "header, so it may hold only printable ASCII characters without spaces")
+
+
+def check_url(url: str, name: str) -> None:
+    """An http(s) URL with a host (and nothing after the base path but a trailing slash)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as err:
+        raise ConfigError(f"{name}={shown(url)} is not a URL ({err}); give e.g. http://127.0.0.1:8000") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{name}={shown(url)} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"{name}={shown(url)}: give the server's base URL, without ?query or #fragment")
+    if port == 0:
+        raise ConfigError(f"{name}={shown(url)}: port 0 is not a server's port")
+
+
+# ---------------------------------------------------------------------------- runtime
+def check_runtime(cfg: Config) -> None:
+    """Every runtime check that needs no cluster, one line each; a role whose world_size is left
+    at 1 takes one worker per GPU of its device_mapping (ROLL's reading)."""
+    rt = cfg.runtime
+    roles = {"actor_train": rt.actor_train, "actor_infer": rt.actor_infer, "reference": rt.reference,
+             "critic": rt.critic}
+    for name, role in roles.items():
+        if role.world_size == 1 and len(role.device_mapping) > 1:
+            role.world_size = len(role.device_mapping)
+        _check_role(f"runtime.{name}", role)
+    if rt.kind == "local":
+        _check_local(cfg)
+        return
+    if rt.address is not None:
+        check_address(rt.address)
+    for name in ("reference", "critic"):
+        if roles[name].world_size != 1:
+            raise ConfigError(f"runtime.{name}.world_size={roles[name].world_size}: the {name} runs as one "
+                              "actor; set it to 1")
+    groups = cfg.rollout.groups_per_step
+    if rt.env_managers > groups:
+        raise ConfigError(f"runtime.env_managers={rt.env_managers} but a step has {groups} groups "
+                          f"(rollout.batch_size / rollout.group_size): at most {groups} env managers get work")
+    n = rt.actor_train.world_size
+    if cfg.actor.ppo_mini_batch_size < n:
+        raise ConfigError(f"runtime.actor_train.world_size={n} splits each mini-batch between {n} ranks, but "
+                          f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} has fewer rows; raise it "
+                          f"to at least {n}")
+    if cfg.rollout.max_staleness:
+        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: runtime.kind=ray plays on-policy "
+                          "only (asynchronous rollout on Ray is not built yet); use rollout.max_staleness=0 or "
+                          "runtime.kind=local")
+    # Combinations the Ray runtime does not place yet: refused by name rather than run differently.
+    if cfg.model.lora.enabled:
+        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with runtime.kind=ray: LoRA trains in the local "
+                          "runtime only for now; use runtime.kind=local or model.lora.rank=0")
+    if cfg.engine.kind != "local":
+        raise ConfigError(f"engine.kind={cfg.engine.kind} with runtime.kind=ray: Ray places its own engine replicas "
+                          "(runtime.actor_infer); use engine.kind=local, or runtime.kind=local to generate on engine.urls")
+    openai_tags = [tag for tag in cfg.env_definitions() if cfg.agent_for(tag).type == "openai"]
+    if openai_tags:
+        raise ConfigError(f"agent.type=openai (env group {openai_tags[0]!r}) with runtime.kind=ray: OpenAI-client "
+                          "agents run in the local runtime only for now; use runtime.kind=local")
+    on_gpu = [name for name, role in roles.items() if role.device_mapping]
+    if cfg.device == "cuda" and "actor_train" not in on_gpu:
+        raise ConfigError("device=cuda with runtime.kind=ray: Ray places models on GPUs by device_mapping; set "
+                          "runtime.actor_train.device_mapping (and actor_infer's), e.g. [0]")
+    if cfg.device == "cpu" and on_gpu:
+        raise ConfigError(f"device=cpu but runtime.{on_gpu[0]}.device_mapping places it on GPUs; use device=auto")
+    if rt.weight_sync == "nccl":
+        train, infer = set(rt.actor_train.device_mapping[:1]), set(rt.actor_infer.device_mapping)
+        if not train or not infer:
+            raise ConfigError("runtime.weight_sync=nccl broadcasts between GPUs: set runtime.actor_train.device_mapping "
+                              "and runtime.actor_infer.device_mapping (or weight_sync=auto)")
+        if train & infer:
+            raise ConfigError(f"runtime.weight_sync=nccl needs the engines on other GPUs than trainer rank 0 "
+                              f"(GPU {sorted(train)[0]} is in runtime.actor_infer.device_mapping); NCCL cannot "
+                              "broadcast between processes on one GPU: use weight_sync=auto")
+
+
+def check_address(address: str) -> None:
+    """runtime.address has a form Ray joins: auto, HOST:PORT or ray://HOST[:PORT] (one line otherwise)."""
+    if address == "auto":
+        return
+    m = ADDRESS_FORM.fullmatch(address)
+    port = m and m["port"]
+    if not m or not (port or m["client"]) or port and not 1 <= int(port) <= 65535:
+        raise ConfigError(f"runtime.address={shown(address)} is not a Ray cluster address; give auto, HOST:PORT (the "
+                          "head's GCS, e.g. 10.0.0.1:6379) or ray://HOST:PORT (Ray client, e.g. ray://head:10001), or "
+                          "null to start a local cluster")
+
+
+def _check_role(key: str, role: RoleConfig) -> None:
+    # world_size and the GPU indices were bounded by check_limits; a world_size derived from
+    # device_mapping stays within it since indices are bounded and distinct.
+    mapping = role.device_mapping
+    if len(set(mapping)) != len(mapping):
+        raise ConfigError(f"{key}.device_mapping={mapping} names a GPU twice; each worker takes one GPU")
+    if mapping and len(mapping) != role.world_size:
+        raise ConfigError(f"{key}.device_mapping={mapping} has {len(mapping)} GPUs for world_size="
+                          f"{role.world_size}; give one GPU per worker")
+
+
+def _check_local(cfg: Config) -> None:
+    """runtime.kind=local ignores nothing silently: placement fields need kind=ray."""
+    rt, default = cfg.runtime, RuntimeConfig()
+    for key in ("address", "num_cpus", "num_gpus", "actor_train", "actor_infer", "reference", "critic",
+                "env_managers", "env_manager_num_cpus", "weight_sync", "engine_transport", "temp_dir"):
+        if getattr(rt, key) != getattr(default, key):
+            raise ConfigError(f"runtime.{key} is set but runtime.kind=local runs every part in this process; "
+                              "add runtime.kind=ray to place the run on Ray")

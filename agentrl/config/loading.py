@@ -1,9 +1,12 @@
-"""Typed dataclass configs from YAML and `key=value` overrides: parsing, type checks, docs.
+"""Loading the config: the dataclass defaults, a YAML file, then `key=value` overrides, every value
+checked against its field's type, then every check (checks.py) and what other fields imply
+(`resolve`); saving it; the fields' docs (`agentrl train --help`).
 
-Generic machinery under `agentrl.config` (which holds the schema and its validation): a YAML
-mapping or an override sets dataclass fields by dotted key, each value is checked against the
-field's type (int, float, bool, str, Optional, Literal, list, dict, nested sections, named
-sections `dict[str, Section]`), and an unknown key fails with the closest valid one.
+The machinery is generic over typed dataclasses: a YAML mapping or an override sets fields by
+dotted key, each value checked against the field's type (int, float, bool, str, Optional,
+Literal, list, dict, nested sections, named sections `dict[str, Section]`), and an unknown key
+fails in one line with the closest valid one: the same name in another section first (a key
+that moved, e.g. rollout.max_num_seqs is engine.max_num_seqs), else the closest key.
 """
 
 from __future__ import annotations
@@ -17,126 +20,53 @@ from typing import Any, Literal
 
 import yaml
 
-from agentrl.config.paths import user_path
-from agentrl.errors import SHOWN_MAX, ConfigError, did_you_mean, shown
+from agentrl.config.checks import validate
+from agentrl.config.paths import expand_paths
+from agentrl.config.schema import Config
+from agentrl.config.yaml_reader import load_yaml, read_yaml
+from agentrl.errors import ConfigError, did_you_mean, shown
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping, with one-line errors for a missing file or bad syntax."""
-    p = user_path(str(path), "config file")  # ~ expanded; a name no file system takes is one line
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{p} is not a UTF-8 text file (byte {e.start} is {e.object[e.start:e.start + 1]!r}); "
-                          "give a YAML config file") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from None
-    try:
-        data = load_yaml(text, str(p))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"YAML syntax error in {p}{where}: {problem}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p} must hold a mapping of config keys, got {type(data).__name__}")
-    return data
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Build a Config from defaults, an optional YAML file, then `key=value` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = read_yaml(path)
+    cfg = from_dict(Config, data, prefix="")
+    for item in overrides:
+        key, value = parse_override(item)
+        set_path(cfg, key, value)
+    validate(cfg)
+    resolve(cfg)
+    return cfg
 
 
-# A config is a few hundred values a few levels deep. These bounds stop what no config needs: an
-# alias bomb (600 bytes whose aliases expand to billions of values, which any error line quoting
-# them would print) and nesting deep enough to exhaust Python's recursion.
-YAML_MAX_DEPTH = 64
-YAML_MAX_VALUES = 100_000  # counting each use of an alias as the values it names
+def resolve(cfg: Config) -> None:
+    """Set what other fields imply, so the saved config says what the run does."""
+    expand_paths(cfg)
+    r, a = cfg.rollout, cfg.actor
+    if r.max_staleness > 0 and r.stale_samples == "correct" and a.tis_imp_ratio_cap <= 0:
+        a.use_decoupled_loss = True  # stale samples need an off-policy correction
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that rejects a key given twice in one mapping (plain YAML keeps the last),
-    nesting deeper than YAML_MAX_DEPTH and aliases that expand beyond YAML_MAX_VALUES values."""
-
-    def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        self._depth += 1
-        try:
-            if self._depth > YAML_MAX_DEPTH:
-                mark = self.peek_event().start_mark
-                raise YamlLimitError(f"nests deeper than {YAML_MAX_DEPTH} levels (line {mark.line + 1})")
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def get_single_node(self) -> Any:
-        node = super().get_single_node()
-        if node is not None:
-            _expanded_size(node, {}, set())
-        return node
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, Any] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' may be overridden key by key
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                first = seen.setdefault(key, key_node.start_mark)
-            except TypeError:  # an unhashable key: the base class reports it
-                continue
-            if first is not key_node.start_mark:
-                raise DuplicateKeyError(key, first, key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
+def all_keys() -> list[str]:
+    """Every valid dotted config key."""
+    return _all_keys(Config)
 
 
-def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
-    """Values under `node` with every alias expanded (each node counted once per use), raising
-    YamlLimitError beyond YAML_MAX_VALUES or on an alias inside what it names."""
-    key = id(node)
-    if key in sizes:
-        return sizes[key]
-    if key in open_:
-        raise YamlLimitError("holds an alias inside the value it names (an endless value)")
-    open_.add(key)
-    size = 1
-    if isinstance(node, yaml.SequenceNode):
-        size += sum(_expanded_size(child, sizes, open_) for child in node.value)
-    elif isinstance(node, yaml.MappingNode):
-        size += sum(_expanded_size(k, sizes, open_) + _expanded_size(v, sizes, open_) for k, v in node.value)
-    if size > YAML_MAX_VALUES:
-        raise YamlLimitError(f"expands to more than {YAML_MAX_VALUES} values (each use of an alias repeats "
-                             "what it names); write the values out or use fewer aliases")
-    open_.discard(key)
-    sizes[key] = size
-    return size
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain nested dicts (for YAML and hashing)."""
+    return dataclasses.asdict(cfg)
 
 
-class YamlLimitError(yaml.YAMLError):
-    """A YAML document beyond what a config needs: too deep, or aliases that expand too far."""
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-class DuplicateKeyError(yaml.YAMLError):
-    """A mapping names the same key twice."""
-
-    def __init__(self, key: Any, first: yaml.Mark, again: yaml.Mark) -> None:
-        super().__init__(f"key {shown(key)} is given twice (lines {first.line + 1} and {again.line + 1})")
-        self.key, self.first, self.again = key, first, again
-
-
-def load_yaml(text: str, source: str = "<string>") -> Any:
-    """yaml.safe_load, except that a key given twice in one mapping is an error."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except DuplicateKeyError as e:
-        raise ConfigError(f"{source}: {e}; give each key once") from None
-    except YamlLimitError as e:
-        raise ConfigError(f"{source}: the YAML {e}") from None
-    except ValueError as e:  # a value YAML's constructors cannot make: 5000 digits, a 13th month
-        raise ConfigError(f"{source}: the YAML holds a value it cannot read: {str(e).splitlines()[0][:SHOWN_MAX]}") from None
+def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, doc) for every field, read from the docstrings below the fields."""
+    return dataclass_docs(cls, prefix)
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -168,9 +98,7 @@ def set_path(obj: Any, dotted: str, value: Any, prefix: str = "") -> None:
     full = prefix + head
     fields = {f.name: f for f in dataclasses.fields(obj)}
     if head not in fields:
-        valid = [prefix + name for name in fields]
-        hint = did_you_mean(full, _all_keys(type(obj), prefix)) or did_you_mean(full, valid)
-        raise ConfigError(f"unknown config key {shown(prefix + dotted)}.{hint}")
+        raise ConfigError(f"unknown config key {shown(prefix + dotted)}.{_closest(full, type(obj), prefix)}")
     hint_type = _field_types(type(obj))[head]
     current = getattr(obj, head)
     if dataclasses.is_dataclass(current):
@@ -203,6 +131,17 @@ def set_path(obj: Any, dotted: str, value: Any, prefix: str = "") -> None:
             return
         raise ConfigError(f"config key '{full}' is a {_type_name(hint_type)}, it has no field '{rest}'")
     setattr(obj, head, coerce(value, hint_type, full))
+
+
+def _closest(key: str, section: type, prefix: str) -> str:
+    """' Did you mean ...?' for an unknown `key` of `section`: the same field name in another
+    section of the schema (a key that moved), else the closest key of the section."""
+    name = key.rpartition(".")[2]
+    elsewhere = [k for k in _all_keys(Config) if k.rpartition(".")[2] == name]
+    if elsewhere:
+        return did_you_mean(key, elsewhere) or f" Did you mean {shown(elsewhere[0])}?"
+    return (did_you_mean(key, _all_keys(section, prefix))
+            or did_you_mean(key, [prefix + f.name for f in dataclasses.fields(section)]))
 
 
 def _dataclass_in(tp: Any) -> type | None:

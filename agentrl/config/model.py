@@ -1,16 +1,12 @@
 """The model section of the experiment schema (model.*: the policy's folder or the embedded tiny
-default and its warm start, dtype, LoRA adapters, forward-pass knobs) and the checks of the knobs
-that shape the trainer's forward passes. Part of `agentrl.config`, which re-exports its classes; option names follow verl (lora_rank -> rank, lora_alpha -> alpha, target_modules)."""
+default and its warm start, dtype, LoRA adapters, forward-pass knobs). Part of `agentrl.config`,
+which exports its classes; option names follow verl (lora_rank -> rank, lora_alpha -> alpha,
+target_modules)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Optional
-
-from agentrl.errors import ConfigError
-
-if TYPE_CHECKING:  # config.py calls check_model_section; the types only are needed here
-    from agentrl.config.schema import Config
+from typing import Literal, Optional
 
 
 @dataclass
@@ -96,16 +92,3 @@ class ModelConfig:
     pays with flash-attention on CUDA (variable-length kernels), not with sdpa's block-diagonal mask."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
-
-
-def check_model_section(cfg: Config) -> None:
-    """model.lora and the token budgets: one line naming the field, before anything is built."""
-    lora = cfg.model.lora
-    if lora.enabled:
-        names = lora.target_modules
-        if not names or not all(isinstance(n, str) and n.strip() for n in names):
-            raise ConfigError(f"model.lora.target_modules={names} must name at least one linear layer "
-                              "(e.g. [q_proj, v_proj]) or be [all-linear]")
-        if "all-linear" in names and len(names) > 1:
-            raise ConfigError(f"model.lora.target_modules={names}: all-linear already names every linear "
-                              "layer; give it alone or list the layers")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from agentrl.errors import ConfigError, shown
 
-if TYPE_CHECKING:  # config_checks calls check_config_paths; the type only is needed here
+if TYPE_CHECKING:  # checks.py calls check_config_paths; the type only is needed here
     from agentrl.config.schema import Config
 
 NAME_MAX = 255  # bytes of one file name (Linux, macOS)

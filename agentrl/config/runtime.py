@@ -1,5 +1,5 @@
-"""The `runtime:` section: where a run's parts run (this process, or Ray actors placed ROLL-style),
-and the checks of it that need no cluster (run when the config loads, before any model exists).
+"""The `runtime:` section: where a run's parts run (this process, or Ray actors placed ROLL-style).
+Its checks that need no cluster are in checks.py (`check_runtime`), run when the config loads.
 
 Roles take ROLL's names: `actor_train` (trainer ranks), `actor_infer` (engine replicas),
 `reference`, `critic`, and `env_managers` (CPU actors that each play many episodes). A role on
@@ -12,12 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Optional
-
-from agentrl.errors import ConfigError, shown
-
-if TYPE_CHECKING:
-    from agentrl.config.schema import Config
+from typing import Literal, Optional
 
 WEIGHT_SYNC = ("auto", "object_store", "shm", "nccl", "file")
 
@@ -95,101 +90,8 @@ class RuntimeConfig:
     after a run that succeeds)."""
 
 
-def check_runtime(cfg: Config) -> None:
-    """Every runtime check that needs no cluster, one line each; a role whose world_size is left
-    at 1 takes one worker per GPU of its device_mapping (ROLL's reading)."""
-    rt = cfg.runtime
-    roles = {"actor_train": rt.actor_train, "actor_infer": rt.actor_infer, "reference": rt.reference,
-             "critic": rt.critic}
-    for name, role in roles.items():
-        if role.world_size == 1 and len(role.device_mapping) > 1:
-            role.world_size = len(role.device_mapping)
-        _check_role(f"runtime.{name}", role)
-    if rt.kind == "local":
-        _check_local(cfg)
-        return
-    if rt.address is not None:
-        check_address(rt.address)
-    for name in ("reference", "critic"):
-        if roles[name].world_size != 1:
-            raise ConfigError(f"runtime.{name}.world_size={roles[name].world_size}: the {name} runs as one "
-                              "actor; set it to 1")
-    groups = cfg.rollout.batch_size // cfg.rollout.group_size
-    if rt.env_managers > groups:
-        raise ConfigError(f"runtime.env_managers={rt.env_managers} but a step has {groups} groups "
-                          f"(rollout.batch_size / rollout.group_size): at most {groups} env managers get work")
-    n = rt.actor_train.world_size
-    if cfg.actor.ppo_mini_batch_size < n:
-        raise ConfigError(f"runtime.actor_train.world_size={n} splits each mini-batch between {n} ranks, but "
-                          f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} has fewer rows; raise it "
-                          f"to at least {n}")
-    if cfg.rollout.max_staleness:
-        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: runtime.kind=ray plays on-policy "
-                          "only (asynchronous rollout on Ray is not built yet); use rollout.max_staleness=0 or "
-                          "runtime.kind=local")
-    # Combinations the Ray runtime does not place yet: refused by name rather than run differently.
-    if cfg.model.lora.enabled:
-        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with runtime.kind=ray: LoRA trains in the local "
-                          "runtime only for now; use runtime.kind=local or model.lora.rank=0")
-    if cfg.engine.kind != "local":
-        raise ConfigError(f"engine.kind={cfg.engine.kind} with runtime.kind=ray: Ray places its own engine replicas "
-                          "(runtime.actor_infer); use engine.kind=local, or runtime.kind=local to generate on engine.urls")
-    openai_tags = [tag for tag in cfg.env_definitions() if cfg.agent_for(tag).type == "openai"]
-    if openai_tags:
-        raise ConfigError(f"agent.type=openai (env group {openai_tags[0]!r}) with runtime.kind=ray: OpenAI-client "
-                          "agents run in the local runtime only for now; use runtime.kind=local")
-    on_gpu = [name for name, role in roles.items() if role.device_mapping]
-    if cfg.device == "cuda" and "actor_train" not in on_gpu:
-        raise ConfigError("device=cuda with runtime.kind=ray: Ray places models on GPUs by device_mapping; set "
-                          "runtime.actor_train.device_mapping (and actor_infer's), e.g. [0]")
-    if cfg.device == "cpu" and on_gpu:
-        raise ConfigError(f"device=cpu but runtime.{on_gpu[0]}.device_mapping places it on GPUs; use device=auto")
-    if rt.weight_sync == "nccl":
-        train, infer = set(rt.actor_train.device_mapping[:1]), set(rt.actor_infer.device_mapping)
-        if not train or not infer:
-            raise ConfigError("runtime.weight_sync=nccl broadcasts between GPUs: set runtime.actor_train.device_mapping "
-                              "and runtime.actor_infer.device_mapping (or weight_sync=auto)")
-        if train & infer:
-            raise ConfigError(f"runtime.weight_sync=nccl needs the engines on other GPUs than trainer rank 0 "
-                              f"(GPU {sorted(train)[0]} is in runtime.actor_infer.device_mapping); NCCL cannot "
-                              "broadcast between processes on one GPU: use weight_sync=auto")
-
-
 # auto, HOST:PORT (a cluster's GCS) or ray://HOST[:PORT] (Ray client); HOST a name, IPv4 or [IPv6].
 ADDRESS_FORM = re.compile(r"(?P<client>ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?")
-
-
-def check_address(address: str) -> None:
-    """runtime.address has a form Ray joins: auto, HOST:PORT or ray://HOST[:PORT] (one line otherwise)."""
-    if address == "auto":
-        return
-    m = ADDRESS_FORM.fullmatch(address)
-    port = m and m["port"]
-    if not m or not (port or m["client"]) or port and not 1 <= int(port) <= 65535:
-        raise ConfigError(f"runtime.address={shown(address)} is not a Ray cluster address; give auto, HOST:PORT (the "
-                          "head's GCS, e.g. 10.0.0.1:6379) or ray://HOST:PORT (Ray client, e.g. ray://head:10001), or "
-                          "null to start a local cluster")
-
-
-def _check_role(key: str, role: RoleConfig) -> None:
-    # world_size and the GPU indices were bounded by check_limits; a world_size derived from
-    # device_mapping stays within it since indices are bounded and distinct.
-    mapping = role.device_mapping
-    if len(set(mapping)) != len(mapping):
-        raise ConfigError(f"{key}.device_mapping={mapping} names a GPU twice; each worker takes one GPU")
-    if mapping and len(mapping) != role.world_size:
-        raise ConfigError(f"{key}.device_mapping={mapping} has {len(mapping)} GPUs for world_size="
-                          f"{role.world_size}; give one GPU per worker")
-
-
-def _check_local(cfg: Config) -> None:
-    """runtime.kind=local ignores nothing silently: placement fields need kind=ray."""
-    rt, default = cfg.runtime, RuntimeConfig()
-    for key in ("address", "num_cpus", "num_gpus", "actor_train", "actor_infer", "reference", "critic",
-                "env_managers", "env_manager_num_cpus", "weight_sync", "engine_transport", "temp_dir"):
-        if getattr(rt, key) != getattr(default, key):
-            raise ConfigError(f"runtime.{key} is set but runtime.kind=local runs every part in this process; "
-                              "add runtime.kind=ray to place the run on Ray")
 
 
 def placement_summary(rt: RuntimeConfig) -> str:

@@ -1,30 +1,25 @@
-"""The experiment schema: typed dataclasses, YAML loading, key=value overrides, validation.
+"""The experiment schema: `Config`, the whole experiment, and its sections of envs, agents, rollout
+and trainer (the other sections have modules of their own: algo.py, model.py, engine.py,
+serve.py, runtime.py; health's is agentrl/health.py).
 
-One schema, defined once here: a YAML file only overrides these defaults, and so does each
-`key=value` argument. Every field is documented by the string below it; `agentrl train --help`
+One schema, defined once: a YAML file only overrides these defaults, and so does each `key=value`
+argument (loading.py). Every field is documented by the string below it; `agentrl train --help`
 prints those docs. Option names follow verl (`adv_estimator`, `clip_ratio_low`,
 `loss_agg_mode`, `ppo_mini_batch_size`, `test_freq`, `save_freq`) and ROLL (`group_size`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import yaml
-
-from agentrl.config.algo import (ActorConfig, AlgorithmConfig, CriticConfig, FilterGroupsConfig,  # noqa: F401
-                                 KLControlConfig, PolicyLossConfig)
-from agentrl.config.checks import BUILTIN_POLICY_LOSSES, validate  # noqa: F401  (BUILTIN_POLICY_LOSSES: re-exported)
-from agentrl.config.model import LoraConfig, ModelConfig, TinyModelConfig, WarmStartConfig  # noqa: F401  (re-exported)
-from agentrl.config.paths import expand_paths
+from agentrl.config.algo import ActorConfig, AlgorithmConfig, CriticConfig
+from agentrl.config.engine import EngineConfig
+from agentrl.config.model import ModelConfig
 from agentrl.config.runtime import RuntimeConfig
-from agentrl.config.loading import _all_keys, dataclass_docs, from_dict, parse_override, read_yaml, set_path
-from agentrl.config.serve import EngineServing, ServeConfig
-from agentrl.errors import ConfigError, shown
+from agentrl.config.serve import ServeConfig
+from agentrl.errors import ConfigError
 from agentrl.health import HealthConfig
 
 
@@ -123,32 +118,10 @@ class RolloutConfig:
     every attempt (a broken env, not bad luck), and always when every one of them did; below it,
     failed groups are only dropped."""
 
-
-# ---------------------------------------------------------------------------- engine
-@dataclass
-class EngineConfig(EngineServing):
-    """The inference engine's knobs (vLLM's and SGLang's names). Until the next release each
-    may also be set under its old name, rollout.<name>, with a deprecation warning."""
-
-    max_num_seqs: int = 256
-    """Most sequences the engine decodes at once (vLLM's name); further requests queue."""
-    max_num_batched_tokens: int = 8192
-    """Most positions (padding included) of one prefill pass of the engine; a longer
-    prompt is prefilled in chunks over several steps (vLLM's name)."""
-    max_total_tokens: Optional[int] = None
-    """KV-cache budget of the engine in tokens (SGLang's name): a running sequence counts
-    its prompt + max_new_tokens, a parked prefix cache its length; requests beyond it queue.
-    null = max_num_seqs * the context limit."""
-    enable_prefix_caching: bool = True
-    """Keep each episode's KV between turns and share prompt prefixes (a GRPO group's first
-    prompt), so that only new ids are prefilled (vLLM's name)."""
-    kv_on_weight_update: Literal["recompute", "keep"] = "recompute"
-    """After a weight update, KV computed under older weights is recomputed (running sequences
-    re-prefill, parked prefix caches are dropped) or kept and reported in Completion.kv_version."""
-    enforce_eager: bool = False
-    """vLLM's name. On CUDA the engine replays its decode pass as CUDA graphs captured per padded
-    batch size (a pass of a small model is bound by kernel launches); true runs every pass
-    eagerly. On CPU every pass is eager either way."""
+    @property
+    def groups_per_step(self) -> int:
+        """Groups of one training step: batch_size / group_size (validation makes it exact)."""
+        return self.batch_size // self.group_size
 
 
 # ---------------------------------------------------------------------------- trainer
@@ -261,7 +234,7 @@ class Config:
         manager = self.train_env_manager if split == "train" else self.val_env_manager
         name = f"{split}_env_manager"
         if split == "train":
-            total, what = self.rollout.batch_size // self.rollout.group_size, (
+            total, what = self.rollout.groups_per_step, (
                 f"rollout.batch_size={self.rollout.batch_size} / rollout.group_size={self.rollout.group_size}")
         else:
             total, what = self.trainer.eval_episodes, f"trainer.eval_episodes={self.trainer.eval_episodes}"
@@ -279,81 +252,3 @@ class Config:
             raise ConfigError(f"{name}.n_groups={manager.n_groups} sums to {sum(manager.n_groups)} groups, "
                               f"but {what} gives {total}")
         return tags, list(manager.n_groups)
-
-
-# ---------------------------------------------------------------------------- loading
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Build a Config from defaults, an optional YAML file, then `key=value` overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = moved_keys(read_yaml(path), str(path))
-    cfg = from_dict(Config, data, prefix="")
-    for item in overrides:
-        key, value = parse_override(item)
-        set_path(cfg, new_name(key), value)
-    validate(cfg)
-    resolve(cfg)
-    return cfg
-
-
-# Keys that moved, old -> new: the old names work for one release, with a warning.
-MOVED = {f"rollout.{k}": f"engine.{k}" for k in ("max_num_seqs", "max_num_batched_tokens", "max_total_tokens",
-                                                 "enable_prefix_caching", "kv_on_weight_update")}
-_WARNED: set[str] = set()
-
-
-def new_name(key: str) -> str:
-    """The current name of a dotted key (a moved one is renamed, with a one-line warning)."""
-    if key not in MOVED:
-        return key
-    if key not in _WARNED:
-        _WARNED.add(key)
-        print(f"agentrl: warning: {key} is deprecated; use {MOVED[key]} (the old name will be removed in the "
-              "next release)", file=sys.stderr, flush=True)
-    return MOVED[key]
-
-
-def moved_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """`data` (a YAML file's mapping) with moved keys under their new names."""
-    old_section = data.get("rollout")
-    if not isinstance(old_section, dict) or not any(f"rollout.{k}" in MOVED for k in old_section):
-        return data
-    data = {**data, "rollout": dict(old_section)}
-    engine = data["engine"] = dict(data.get("engine") or {})
-    for key in [k for k in data["rollout"] if f"rollout.{k}" in MOVED]:
-        value = data["rollout"].pop(key)
-        if key in engine and engine[key] != value:
-            raise ConfigError(f"{source}: rollout.{key}={shown(value)} and engine.{key}={shown(engine[key])} disagree; "
-                              f"rollout.{key} is the deprecated name of engine.{key}: keep only engine.{key}")
-        engine[key] = value
-        new_name(f"rollout.{key}")
-    return data
-
-
-def resolve(cfg: Config) -> None:
-    """Set what other fields imply, so the saved config says what the run does."""
-    expand_paths(cfg)
-    r, a = cfg.rollout, cfg.actor
-    if r.max_staleness > 0 and r.stale_samples == "correct" and a.tis_imp_ratio_cap <= 0:
-        a.use_decoupled_loss = True  # stale samples need an off-policy correction
-
-
-def all_keys() -> list[str]:
-    """Every valid dotted config key."""
-    return _all_keys(Config)
-
-
-# ---------------------------------------------------------------------------- output
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """The config as plain nested dicts (for YAML and hashing)."""
-    return dataclasses.asdict(cfg)
-
-
-def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
-def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, doc) for every field, read from the docstrings below the fields."""
-    return dataclass_docs(cls, prefix)
