@@ -15,7 +15,7 @@ from agentrl.runtime.build.trainer import build_trainer
 from agentrl.runtime.build.preflight import preflight
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
                                         resume_changes, run_step)
-from agentrl.runtime.threads import kept_threads
+from agentrl.runtime.process import kept_threads
 from agentrl.train.checkpoint import remove_partial
 from agentrl.train.trainer import Trainer
 

@@ -15,7 +15,7 @@ from agentrl.rollout.collector import check_failed
 from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.build.envs import agent_texts, is_seed_tag, make_budget, make_collector
 from agentrl.runtime.build.seeds import demo_factories, seed_texts
-from agentrl.runtime.threads import kept_threads
+from agentrl.runtime.process import kept_threads
 
 
 def model_context(model: Any) -> int:

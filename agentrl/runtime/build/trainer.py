@@ -27,7 +27,7 @@ from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.build.engines import make_engine
 from agentrl.runtime.build.envs import check_templates, make_budget, make_collector
 from agentrl.runtime.build.preflight import preflight
-from agentrl.runtime.threads import pin_threads
+from agentrl.runtime.process import pin_threads
 from agentrl.runtime.build.policy import load_policy, model_context, model_vocab
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel

@@ -13,7 +13,7 @@ from agentrl.config import Config
 from agentrl.config.runtime import RoleConfig
 from agentrl.models.loading import DTYPES
 from agentrl.registry import AGENTS, ENVS, ESTIMATORS, FILE_MODULES, POLICY_LOSSES, load_builtins
-from agentrl.runtime.threads import pin_threads
+from agentrl.runtime.process import pin_threads
 
 REGISTRIES = {"env": ENVS, "agent": AGENTS, "estimator": ESTIMATORS, "policy_loss": POLICY_LOSSES}
 
