@@ -61,7 +61,7 @@ from agentrl.rollout.collector import RolloutCollector  # noqa: E402
 from agentrl.rollout.tasks import make_tasks  # noqa: E402
 from agentrl.rollout.demos import corpus  # noqa: E402
 from agentrl.runtime.build.envs import make_agent, make_env_factories  # noqa: E402
-from agentrl.runtime.build.trainer import seed_everything  # noqa: E402
+from agentrl.runtime.process import seed_everything  # noqa: E402
 from agentrl.runtime.build.policy import load_policy  # noqa: E402
 
 TAG = "frozen_lake"  # the default config's one env, tagged by its type

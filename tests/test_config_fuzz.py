@@ -21,11 +21,12 @@ from typing import Any, Literal
 
 import pytest
 
+import agentrl.runtime.build.policy as policy
 import agentrl.runtime.build.trainer as building
-import agentrl.runtime.build.policy as warm
 from agentrl.config import Config, load_config
 from agentrl.config.loading import _field_types
 from agentrl.errors import AgentRLError
+from agentrl.runtime.process import seed_everything
 
 ROOT = Path(__file__).parents[1]
 HUGE = str(2**64)  # beyond int64, beyond every seed torch accepts
@@ -161,8 +162,8 @@ def no_model(monkeypatch):
     """build_trainer with a tripwire where the model would be built or warm-started."""
     def tripwire(*args, **kwargs):
         raise AssertionError("the model was about to be built: this check runs too late")
-    monkeypatch.setattr(building, "load_policy", tripwire)
-    monkeypatch.setattr(warm, "build_tiny", tripwire)
+    monkeypatch.setattr(policy, "load_policy", tripwire)
+    monkeypatch.setattr(policy, "build_tiny", tripwire)
 
 
 def _field_in(message: str, key: str) -> bool:
@@ -267,7 +268,7 @@ def test_the_shipped_configs_pass_the_model_free_checks(tmp_path, monkeypatch):
     def reached(*args, **kwargs):
         raise Reached
 
-    monkeypatch.setattr(building, "load_policy", reached)
+    monkeypatch.setattr(policy, "load_policy", reached)
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         with pytest.raises(Reached):
             building.build_trainer(load_config(path, [f"run_dir={tmp_path}"]), tmp_path, log=lambda m: None)
@@ -276,7 +277,7 @@ def test_the_shipped_configs_pass_the_model_free_checks(tmp_path, monkeypatch):
 def test_seeds_at_both_ends_of_the_accepted_range_load():
     assert load_config(None, ["seed=0"]).seed == 0
     assert load_config(None, [f"seed={2**64 - 1}"]).seed == 2**64 - 1
-    building.seed_everything(2**64 - 1)  # what torch and numpy are given must be accepted by them
+    seed_everything(2**64 - 1)  # what torch and numpy are given must be accepted by them
 
 
 def test_agent_argument_of_the_wrong_type_names_the_argument(tmp_path, no_model):
@@ -383,7 +384,7 @@ def test_an_agent_the_stand_in_cannot_build_is_left_to_the_real_build(tmp_path, 
     def reached(*args, **kwargs):
         raise Reached
 
-    monkeypatch.setattr(building, "load_policy", reached)
+    monkeypatch.setattr(policy, "load_policy", reached)
     cfg = load_config(None, ["agent.type=needs_real_tokenizer", "agent.args.scale=2.0", f"run_dir={tmp_path}"])
     with pytest.raises(Reached):
         building.build_trainer(cfg, tmp_path, log=lambda m: None)

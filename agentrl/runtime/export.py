@@ -41,7 +41,7 @@ def export_run(run_dir: Path, out: Path | None = None, overrides: list[str] = ()
             raise CheckpointError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
         ckpt, held, _ = found
         if is_adapter_folder(held):
-            from agentrl.runtime.build.trainer import build_policy  # the run's base model, as training built it
+            from agentrl.runtime.build.policy import build_policy  # the run's base model, as training built it
 
             base, tokenizer, _ = build_policy(cfg, log)
             model = merged(base, held)

@@ -11,11 +11,11 @@ from typing import Any
 
 from agentrl.config import Config, save_config
 from agentrl.hub import offline
-from agentrl.runtime.build.trainer import build_trainer
 from agentrl.runtime.build.preflight import preflight
+from agentrl.runtime.build.trainer import build_trainer
+from agentrl.runtime.process import kept_threads
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
                                         resume_changes, run_step)
-from agentrl.runtime.process import kept_threads
 from agentrl.train.checkpoint import remove_partial
 from agentrl.train.trainer import Trainer
 

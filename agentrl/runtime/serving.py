@@ -19,7 +19,8 @@ from agentrl.errors import ConfigError
 from agentrl.llm.local.engine import LocalEngine
 from agentrl.llm.server.app import served_model_name, start_server
 from agentrl.models.loading import DTYPES
-from agentrl.runtime.build.trainer import build_policy, resolve_device, seed_everything
+from agentrl.runtime.build.policy import build_policy
+from agentrl.runtime.process import resolve_device, seed_everything
 from agentrl.runtime.run_folder import check_folder
 
 

@@ -1,6 +1,7 @@
-"""The policy model of a run: a local Hugging Face model (model.path), or the embedded default,
-whose recipe is here: a tokenizer trained on every env's text and a tiny model warm-started on
-demonstrations of every tag, in the proportions of the training batches."""
+"""The policy model of a run, built after every model-free check (preflight.py): a local Hugging
+Face model (model.path), or the embedded default, whose recipe is here: a tokenizer trained on
+every env's text and a tiny model warm-started on demonstrations of every tag, in the proportions
+of the training batches."""
 
 from __future__ import annotations
 
@@ -8,14 +9,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.algos.policy_losses import check_loss_mode
 from agentrl.config import Config
 from agentrl.models.embedded import cache_root, check_tokenizer, fingerprint, load_embedded, tokenizer_folder
 from agentrl.models.loading import load_pretrained
 from agentrl.rollout.collector import check_failed
 from agentrl.rollout.tasks import TaskSource
-from agentrl.runtime.build.envs import agent_texts, is_seed_tag, make_budget, make_collector
+from agentrl.runtime.build.envs import agent_texts, check_templates, is_seed_tag, make_budget, make_collector
+from agentrl.runtime.build.preflight import preflight
 from agentrl.runtime.build.seeds import demo_factories, seed_texts
-from agentrl.runtime.process import kept_threads
+from agentrl.runtime.process import kept_threads, pin_threads
+
+
+def build_policy(cfg: Config, log: Callable[[str], None], tokenizer: Any = None,
+                 factories: dict[str, Callable] | None = None) -> tuple[Any, Any, dict[str, Callable]]:
+    """(model, tokenizer, env factories per tag), after every check that needs no model (run
+    here unless `factories` comes from a preflight the caller ran); from here on this process
+    computes with the run's torch threads (the warm start included)."""
+    pin_threads(cfg.runtime.num_threads)
+    if factories is None:
+        factories = preflight(cfg)  # every model-free check, before the model is built or warm-started
+    check_loss_mode(cfg.actor.policy_loss.loss_mode)  # after `imports`, which may register modes
+    model, tokenizer = load_policy(cfg, factories, log, tokenizer)
+    check_templates(cfg, tokenizer)
+    return model, tokenizer, factories
 
 
 def model_context(model: Any) -> int:

@@ -1,54 +1,26 @@
-"""Building the parts of a run from a config, in three pieces: the policy (model, tokenizer,
-after every model-free check), the rollout side (engine, agents, collector, task source,
-rollout source) and the learning side (actor, reference, critic); then the trainer that holds
-them. Where they run is the caller's business: runtime/local.py runs all of them in this
-process; a runtime that places the engine elsewhere replaces `build_rollout`."""
+"""The trainer of a run, built from its config in three pieces, always in this order (the steps
+that draw random numbers give the same parts for the same config and seed): the policy (model
+and tokenizer, after every model-free check: policy.py), the rollout side (engine, agents,
+collector, task source, rollout source: rollout.py) and the learning side (actor, reference,
+critic: learners.py). Where they run is the caller's business: runtime/local.py runs all of
+them in this process; the Ray runtime (runtime/ray/) places them as actors."""
 
 from __future__ import annotations
 
-import copy
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from agentrl.algos.advantages import uses_greedy_baseline
-from agentrl.algos.policy_losses import check_loss_mode
 from agentrl.config import Config
-from agentrl.envs.service import close_env
-from agentrl.errors import ConfigError
-from agentrl.models.lora import apply_lora
-from agentrl.rollout.source import RolloutSource, rollout_source
-from agentrl.rollout.tasks import TaskSource
-from agentrl.runtime.build.engines import make_engine
-from agentrl.runtime.build.envs import check_templates, make_budget, make_collector
-from agentrl.runtime.build.preflight import preflight
-from agentrl.runtime.process import pin_threads
-from agentrl.runtime.build.policy import load_policy, model_context, model_vocab
+from agentrl.rollout.source import RolloutSource
+from agentrl.runtime.build.learners import build_learners
+from agentrl.runtime.build.policy import build_policy
+from agentrl.runtime.build.rollout import build_rollout, eval_baselines
+from agentrl.runtime.process import resolve_device, seed_everything
 from agentrl.train.actor import Actor, Reference
-from agentrl.train.critic import Critic, ValueModel
-from agentrl.train.forward import ForwardOptions
+from agentrl.train.critic import Critic
 from agentrl.train.trainer import Trainer
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda when available, else cpu."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but no CUDA device is available; use device=auto or cpu")
-    return torch.device(name)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 @dataclass
@@ -88,99 +60,3 @@ def build_parts(cfg: Config, log: Callable[[str], None] = print, tokenizer: Any 
     rollout = build_rollout(cfg, model, tokenizer, factories, device)
     actor, reference, critic = build_learners(cfg, model, device)
     return RunParts(tokenizer, rollout, actor, reference, critic, eval_baselines(factories))
-
-
-def build_policy(cfg: Config, log: Callable[[str], None], tokenizer: Any = None,
-                 factories: dict[str, Callable] | None = None) -> tuple[Any, Any, dict[str, Callable]]:
-    """(model, tokenizer, env factories per tag), after every check that needs no model (run
-    here unless `factories` comes from a preflight the caller ran); from here on this process
-    computes with the run's torch threads (the warm start included)."""
-    pin_threads(cfg.runtime.num_threads)
-    if factories is None:
-        factories = preflight(cfg)  # every model-free check, before the model is built or warm-started
-    check_loss_mode(cfg.actor.policy_loss.loss_mode)  # after `imports`, which may register modes
-    model, tokenizer = load_policy(cfg, factories, log, tokenizer)
-    check_templates(cfg, tokenizer)
-    return model, tokenizer, factories
-
-
-def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, Callable],
-                  device: torch.device) -> RolloutSource:
-    """The engine (a copy of `model`, or the servers of engine.urls), the agents and envs of every
-    tag, and the rollout source that plays them; a runtime that places the engine elsewhere
-    replaces this."""
-    engine = make_engine(cfg, model, tokenizer, device)  # in this process, or the servers of engine.urls
-    budget = make_budget(cfg, model_context(model))
-    collector = make_collector(cfg, tokenizer, factories, engine, budget, model_vocab(model))
-    tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")), tuple(cfg.group_tags("val")),
-                       greedy_baselines=uses_greedy_baseline(cfg.algorithm.adv_estimator))
-    return rollout_source(collector, engine, tasks, cfg.rollout.max_staleness,
-                          accept_stale=cfg.rollout.stale_samples == "correct")
-
-
-def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor, Reference | None, Critic | None]:
-    """The actor that updates `model` (wrapped with LoRA adapters when model.lora.rank > 0), and
-    the reference and critic when the config uses them."""
-    m = cfg.model
-    if m.use_remove_padding and packed_kernels_available(model, device):
-        # Variable-length kernels: packed sequences cost what their own lengths cost. Without
-        # them sdpa gets a block-diagonal mask: right, but its attention computes the masked blocks.
-        model.set_attn_implementation("flash_attention_2")
-    if m.enable_gradient_checkpointing:
-        # Non-reentrant checkpointing needs no input that requires grad (a frozen LoRA base).
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    policy = apply_lora(model, m.lora, cfg.seed) if m.lora.enabled else model
-    actor = Actor(policy, cfg.actor, temperature=cfg.rollout.temperature, horizon=update_horizon(cfg),
-                  packed=m.use_remove_padding)
-    # With LoRA the reference is the policy with its adapters off: no copy.
-    reference = (build_reference(cfg, policy if m.lora.enabled else copy.deepcopy(model))
-                 if needs_reference(cfg) else None)
-    critic = build_critic(cfg, policy, device) if cfg.critic.enable else None
-    return actor, reference, critic
-
-
-def update_horizon(cfg: Config) -> float:
-    """The most tokens an episode generates: the constant of the *-token-sum-norm loss modes."""
-    horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())
-    if cfg.rollout.max_episode_tokens:
-        horizon = min(horizon, float(cfg.rollout.max_episode_tokens))
-    return horizon
-
-
-def needs_reference(cfg: Config) -> bool:
-    """The reference exists only when a KL term needs it: it costs a model copy and a forward."""
-    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-
-
-def build_reference(cfg: Config, model: Any) -> Reference:
-    """The frozen reference policy, from its own copy of the starting model."""
-    options = ForwardOptions(cfg.actor.micro_batch_size, cfg.actor.max_tokens_per_micro_batch,
-                             cfg.model.use_remove_padding)
-    return Reference(model, options, cfg.rollout.temperature)
-
-
-def build_critic(cfg: Config, model: Any, device: torch.device) -> Critic:
-    """The critic: the policy's body with a fresh value head (seeded: the same in every runtime)."""
-    seed_everything(cfg.seed)
-    return Critic(ValueModel(model).to(device), cfg.critic, update_horizon(cfg), packed=cfg.model.use_remove_padding)
-
-
-def packed_kernels_available(model: Any, device: torch.device) -> bool:
-    """Whether flash-attention's variable-length kernels can run the trainer's packed passes
-    (CUDA, half-precision weights, the flash_attn package installed)."""
-    import importlib.util
-
-    dtype = next(model.parameters()).dtype
-    return (device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
-            and importlib.util.find_spec("flash_attn") is not None)
-
-
-def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:
-    """{tag: env.eval_baselines} for the envs that offer reference policies."""
-    out = {}
-    for tag, make_env in factories.items():
-        env = make_env()
-        if callable(getattr(env, "eval_baselines", None)):
-            out[tag] = env.eval_baselines
-        close_env(env)
-    return out

@@ -34,14 +34,15 @@ from agentrl.config import Config
 from agentrl.config.runtime import placement_summary
 from agentrl.errors import AgentRLError
 from agentrl.metrics import write_summary
-from agentrl.runtime.build.trainer import build_policy, needs_reference, seed_everything
+from agentrl.rollout.tasks import mix
+from agentrl.runtime.build.learners import needs_reference
+from agentrl.runtime.build.policy import build_policy, model_context, model_vocab
+from agentrl.runtime.build.preflight import preflight
+from agentrl.runtime.process import seed_everything
+from agentrl.runtime.ray.cluster import init_cluster, require_ray
 from agentrl.runtime.ray.engine_client import first_line
 from agentrl.runtime.ray.placement import HEAD, Plan, check_resources, choose_transport, options, plan_placement, reserve
-from agentrl.runtime.build.preflight import preflight
-from agentrl.runtime.ray.cluster import init_cluster, require_ray
-from agentrl.runtime.build.policy import model_context, model_vocab
 from agentrl.runtime.ray.workers import RunSpec, model_source, share, user_registrations
-from agentrl.rollout.tasks import mix
 from agentrl.train.checkpoint import latest_checkpoint, step_of
 
 WATCH_SECONDS = 1.0  # how often the driver checks on the trainer ranks

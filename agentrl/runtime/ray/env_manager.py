@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl.rollout.collector import CollectResult
+from agentrl.runtime.build.envs import import_user_modules, make_budget, make_collector, make_env_factories
 from agentrl.runtime.ray.engine_client import RayEngineClient
 from agentrl.runtime.ray.engine_http import HttpEngineClient
-from agentrl.runtime.build.envs import import_user_modules, make_budget, make_collector, make_env_factories
 from agentrl.runtime.ray.workers import SharedSpec, node_id, setup_worker
 from agentrl.trajectory import Task
 

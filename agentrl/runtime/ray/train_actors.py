@@ -16,8 +16,10 @@ from typing import Any
 import torch
 
 from agentrl.config import Config
-from agentrl.runtime.build.trainer import build_critic, build_reference, eval_baselines, seed_everything, update_horizon
 from agentrl.runtime.build.envs import import_user_modules, make_env_factories
+from agentrl.runtime.build.learners import build_critic, build_reference, update_horizon
+from agentrl.runtime.build.rollout import eval_baselines
+from agentrl.runtime.process import seed_everything
 from agentrl.runtime.ray.workers import SharedSpec, free_address, load_model, node_id, role_device, setup_worker
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch

@@ -1,0 +1,44 @@
+"""The rollout side of a run: the engine (a copy of the policy in this process, or the servers of
+engine.urls), the agents and envs of every tag, the task source and the rollout source that plays
+them; and the envs' own evaluation baselines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from agentrl.algos.advantages import uses_greedy_baseline
+from agentrl.config import Config
+from agentrl.envs.service import close_env
+from agentrl.rollout.source import RolloutSource, rollout_source
+from agentrl.rollout.tasks import TaskSource
+from agentrl.runtime.build.engines import make_engine
+from agentrl.runtime.build.envs import make_budget, make_collector
+from agentrl.runtime.build.policy import model_context, model_vocab
+
+
+def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, Callable],
+                  device: torch.device) -> RolloutSource:
+    """The engine (a copy of `model`, or the servers of engine.urls), the agents and envs of every
+    tag, and the rollout source that plays them; a runtime that places the engine elsewhere
+    replaces this."""
+    engine = make_engine(cfg, model, tokenizer, device)  # in this process, or the servers of engine.urls
+    budget = make_budget(cfg, model_context(model))
+    collector = make_collector(cfg, tokenizer, factories, engine, budget, model_vocab(model))
+    tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")), tuple(cfg.group_tags("val")),
+                       greedy_baselines=uses_greedy_baseline(cfg.algorithm.adv_estimator))
+    return rollout_source(collector, engine, tasks, cfg.rollout.max_staleness,
+                          accept_stale=cfg.rollout.stale_samples == "correct")
+
+
+def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:
+    """{tag: env.eval_baselines} for the envs that offer reference policies."""
+    out = {}
+    for tag, make_env in factories.items():
+        env = make_env()
+        if callable(getattr(env, "eval_baselines", None)):
+            out[tag] = env.eval_baselines
+        close_env(env)
+    return out
