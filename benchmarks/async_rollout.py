@@ -42,8 +42,8 @@ from agentrl.metrics import read_jsonl
 from agentrl.registry import register_env
 from agentrl.rollout.collector import CollectResult
 from agentrl.rollout.tasks import make_tasks
-from agentrl.trajectory import Task, Trajectory
 from agentrl.runtime.build.trainer import build_trainer
+from agentrl.trajectory import Task, Trajectory
 
 
 class ToolEnv:

@@ -43,8 +43,8 @@ from agentrl.metrics import read_jsonl
 from agentrl.models.embedded import cache_root, tiny_cache_key
 from agentrl.registry import load_builtins
 from agentrl.runtime.build.envs import make_env_factories
-from agentrl.runtime.local import train
 from agentrl.runtime.build.policy import load_policy
+from agentrl.runtime.local import train
 from agentrl.runtime.ray.weight_sync import make_transport
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -58,11 +58,11 @@ from agentrl.llm.local.engine import LocalEngine  # noqa: E402
 from agentrl.llm.local.sampler import sample_next  # noqa: E402
 from agentrl.models.tiny import build_model, build_tokenizer  # noqa: E402
 from agentrl.rollout.collector import RolloutCollector  # noqa: E402
-from agentrl.rollout.tasks import make_tasks  # noqa: E402
 from agentrl.rollout.demos import corpus  # noqa: E402
+from agentrl.rollout.tasks import make_tasks  # noqa: E402
 from agentrl.runtime.build.envs import make_agent, make_env_factories  # noqa: E402
-from agentrl.runtime.process import seed_everything  # noqa: E402
 from agentrl.runtime.build.policy import load_policy  # noqa: E402
+from agentrl.runtime.process import seed_everything  # noqa: E402
 
 TAG = "frozen_lake"  # the default config's one env, tagged by its type
 

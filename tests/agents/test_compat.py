@@ -13,8 +13,8 @@ from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.local.engine import LocalEngine
 from agentrl.registry import AGENTS, ENVS
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.trajectory import Task
 from agentrl.runtime.build.envs import import_user_modules
+from agentrl.trajectory import Task
 from helpers import RecordingEngine, segments
 
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "seed_math_agent.py")

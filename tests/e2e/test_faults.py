@@ -9,12 +9,12 @@ from agentrl.config import load_config
 from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.errors import RolloutError
 from agentrl.metrics import read_jsonl
-from agentrl.registry import register_env
-from agentrl.runtime.build.envs import make_env_factories
 from agentrl.models.embedded import cache_root, tiny_cache_key
-from agentrl.runtime.local import train
+from agentrl.registry import register_env
 from agentrl.rollout.tasks import EVAL_SEED_BASE
+from agentrl.runtime.build.envs import make_env_factories
 from agentrl.runtime.build.policy import load_policy
+from agentrl.runtime.local import train
 
 from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
 

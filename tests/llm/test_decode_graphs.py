@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import torch
 
-from agentrl.llm.local.decode_graphs import DecodeGraphs, bucket
 from agentrl.llm.engine import SamplingParams
+from agentrl.llm.local.decode_graphs import DecodeGraphs, bucket
 from agentrl.llm.local.engine import LocalEngine
 from agentrl.train.actor import token_logprobs
 

@@ -13,11 +13,11 @@ import pytest
 from helpers import nodelay_client, segments
 
 from agentrl.config.serve import ServeConfig
-from agentrl.llm.server.chat_messages import render
 from agentrl.llm.engine import Completion
 from agentrl.llm.local.engine import LocalEngine
-from agentrl.llm.server.openai_schema import RequestSampling
 from agentrl.llm.server.app import start_server
+from agentrl.llm.server.chat_messages import render
+from agentrl.llm.server.openai_schema import RequestSampling
 from agentrl.llm.server.sessions import RequestPolicy, SessionStore
 
 KEY = "session-key"

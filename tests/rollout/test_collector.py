@@ -10,8 +10,8 @@ from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.llm.engine import SamplingParams
 from agentrl.llm.local.engine import LocalEngine
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.rollout.tasks import make_tasks, retry_seed
 from agentrl.rollout.demos import ScriptedClient
+from agentrl.rollout.tasks import make_tasks, retry_seed
 
 
 class ScheduledFaults:

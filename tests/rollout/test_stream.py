@@ -11,8 +11,8 @@ from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.llm.engine import SamplingParams
 from agentrl.llm.local.engine import LocalEngine
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.rollout.tasks import make_tasks
 from agentrl.rollout.stream import RolloutStream
+from agentrl.rollout.tasks import make_tasks
 
 G, GROUP_SIZE = 2, 2
 

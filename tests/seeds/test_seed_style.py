@@ -22,8 +22,8 @@ from agentrl.envs.math_grader import shutdown_grader
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.metrics import read_jsonl
-from agentrl.trajectory import Task
 from agentrl.runtime.build.envs import import_user_modules
+from agentrl.trajectory import Task
 
 ROOT = Path(__file__).parents[2]
 MODULE = str(Path(__file__).with_name("areal_math_agent.py"))

@@ -25,12 +25,12 @@ from typing import Any, Literal
 import torch
 
 from agentrl.errors import EngineError
-from agentrl.llm.local.decode_graphs import DecodeGraphs, decode_logits
 from agentrl.llm.engine import Completion, SamplingParams
-from agentrl.llm.local.stats import EngineStats
+from agentrl.llm.local.decode_graphs import DecodeGraphs, decode_logits
 from agentrl.llm.local.kv_cache import SUPPORTED_LAYER_TYPES, SlotKVCache, attention_masks
 from agentrl.llm.local.sampler import sample_next, stop_string_hit
 from agentrl.llm.local.scheduler import Request, Scheduler, Sequence, check_context
+from agentrl.llm.local.stats import EngineStats
 from agentrl.models.lora import is_adapter_state, load_adapter_state
 
 

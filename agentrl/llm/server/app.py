@@ -9,7 +9,7 @@ and per-episode sessions for agents written against the `openai` client.
     POST /agentrl/generate              token ids in, Completion out (every SamplingParams field, per-id versions)
     POST /agentrl/weights               new weights: JSON {path, version} or a safetensors body (?version=N)
     GET  /agentrl/info | POST /agentrl/state | /agentrl/reset_prefix_cache | /agentrl/metrics
-    (weights, state, reset and metrics change the server: they always take a key, server_guard.py)
+    (weights, state, reset and metrics change the server: they always take a key, guard.py)
     POST /sessions, GET|DELETE /sessions/<id>, POST /sessions/<id>/reward,
          /sessions/<id>/v1/models, /sessions/<id>/v1/chat/completions
 
@@ -19,9 +19,9 @@ api_key); `start_server(...)` runs one on a background thread (port 0: a free on
 `session_server()` runs one in the current event loop for the sessions of a training run
 (loopback, a random key). Without a key a server binds only a loopback address. Handlers reach
 the engine in the loop it lives in (`engine_loop`; None: the server's own), never through a
-second engine. Every malformed request gets a 4xx JSON error and
-the server keeps serving; the routes themselves are in server_routes.py, what they share in
-server_state.py.
+second engine. Every malformed request gets a 4xx JSON error and the server keeps serving; the
+routes themselves are in openai_routes.py (OpenAI's, vLLM's, sessions) and agentrl_routes.py
+(ours, control), what they share in state.py, what a request must show in guard.py.
 """
 
 from __future__ import annotations
@@ -42,13 +42,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentrl.config.serve import ServeConfig, host_address, is_loopback
 from agentrl.errors import EngineError
+from agentrl.llm.server.agentrl_routes import add_agentrl_routes, add_control_routes
 from agentrl.llm.server.chat_messages import MessageError
-from agentrl.llm.server.openai_format import error_body
-from agentrl.llm.server.openai_schema import RequestError
 from agentrl.llm.server.guard import Guard, TimedH11Protocol
-from agentrl.llm.server.openai_routes import add_routes
-from agentrl.llm.server.state import ServerState
+from agentrl.llm.server.openai_format import error_body
+from agentrl.llm.server.openai_routes import add_openai_routes, add_session_routes, add_vllm_routes
+from agentrl.llm.server.openai_schema import RequestError
 from agentrl.llm.server.sessions import SessionStore
+from agentrl.llm.server.state import ServerState
 
 
 def build_app(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, *, model_name: str | None = None,
@@ -78,7 +79,8 @@ def build_app(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, *, mo
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(error_body(str(e.detail), e.status_code), status_code=e.status_code)
 
-    add_routes(app, state)
+    for add in (add_openai_routes, add_vllm_routes, add_agentrl_routes, add_control_routes, add_session_routes):
+        add(app, state)
     return app
 
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentrl.errors import EngineError
-from agentrl.llm.server.chat_messages import normalize_messages, parse_reply, render, same_reply
 from agentrl.llm.conversation import completion_versions, encode_text
 from agentrl.llm.engine import EPISODE, Completion, LLMClient, SamplingParams
+from agentrl.llm.server.chat_messages import normalize_messages, parse_reply, render, same_reply
 from agentrl.llm.server.openai_schema import RequestError, RequestSampling, sampling_params
 from agentrl.trajectory import TokenRecord
 
