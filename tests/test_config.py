@@ -119,7 +119,8 @@ def test_an_engine_knob_under_its_old_rollout_name_is_one_line_naming_the_new_ke
 
 
 def test_an_unknown_key_names_the_same_field_of_another_section_first():
-    with pytest.raises(ConfigError, match=r"unknown config key 'actor.group_size'. Did you mean 'rollout.group_size'\?"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'actor.group_size'. Did you mean "
+                                          r"'rollout.group_size'\?"):
         load_config(None, ["actor.group_size=4"])
     with pytest.raises(ConfigError, match=r"unknown config key 'rollout.max_new_token'. Did you mean "
                                           r"'rollout.max_new_tokens'\?"):

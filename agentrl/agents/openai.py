@@ -7,7 +7,7 @@ such as `examples/openai_frozen_lake:run`) plays each episode by calling
 
 with a real `openai.AsyncOpenAI` whose base_url is a session of the session server that runs in
 the episodes' own event loop (`/sessions/<id>/v1`, loopback, a random key). The session records every call's prompt ids,
-sampled ids and logprobs, token-exact (llm/sessions.py); the trajectory is built from them,
+sampled ids and logprobs, token-exact (llm/server/sessions.py); the trajectory is built from them,
 one sequence per segment (a history rewrite starts a new one). The function's return value is
 the episode's reward; None: the env's step rewards, each credited to the reply before the step.
 A reward posted to `/sessions/<id>/reward` counts when the function returns None.

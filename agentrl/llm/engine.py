@@ -2,7 +2,7 @@
 
 Two Protocols: `LLMClient`, the one method agents call, and `InferenceEngine`, what the
 trainer's side (the rollout source) needs to serve a run: weights in, a policy version out,
-metrics, a resumable state, and a way to drop cached prefixes. `LocalEngine` (llm/local.py)
+metrics, a resumable state, and a way to drop cached prefixes. `LocalEngine` (llm/local/engine.py)
 implements both in this process; an engine behind HTTP or on Ray implements the same methods.
 """
 

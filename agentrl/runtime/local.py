@@ -1,6 +1,6 @@
-"""The local runtime: a run's parts, built by runtime/build.py, placed in this process: the run
+"""The local runtime: a run's parts, built by runtime/build/trainer.py, placed in this process: the run
 folder checked and locked, the trainer fitted. The run folder protocol is the same for the Ray
-runtime (runtime.kind=ray), whose parts `placed` hands to runtime/ray.py."""
+runtime (runtime.kind=ray), whose parts `placed` hands to runtime/ray/driver.py."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
 def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Any,
            factories: dict[str, Callable[[], Any]]) -> Iterator[Any]:
     """The trainer of `cfg` (whose preflight gave `factories`): built in this process
-    (runtime.kind=local), or its parts placed as Ray actors (runtime.kind=ray, runtime/ray.py: a
+    (runtime.kind=local), or its parts placed as Ray actors (runtime.kind=ray, runtime/ray/driver.py: a
     handle with the same fit / _restore / step_idx)."""
     if cfg.runtime.kind == "ray":
         from agentrl.runtime.ray.driver import ray_trainer

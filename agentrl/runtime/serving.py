@@ -2,7 +2,7 @@
 
 Without serve.api_key it makes an admin key for the routes that change the server, prints it once
 and writes it (mode 0600) to the run folder, where a run on engine.kind=remote reads it
-(engine.api_key_file, runtime/engines.py).
+(engine.api_key_file, runtime/build/engines.py).
 """
 
 from __future__ import annotations

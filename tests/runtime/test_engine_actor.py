@@ -1,4 +1,4 @@
-"""The engine replica's serving protocol (runtime/engine_actor.py + runtime/engine_client.py),
+"""The engine replica's serving protocol (runtime/ray/engine_actor.py + runtime/ray/engine_client.py),
 driven in this process: Ray's `handle.method.remote(...)` becomes a direct call on the actor
 object, so the protocol itself is what is tested, without a cluster."""
 

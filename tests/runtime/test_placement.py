@@ -1,5 +1,5 @@
-"""The runtime section's checks without a cluster (config_runtime.py), and placement against a
-cluster's resources as Ray reports them (runtime/placement.py): pure functions, no Ray."""
+"""The runtime section's checks without a cluster (config/checks.py), and placement against a
+cluster's resources as Ray reports them (runtime/ray/placement.py): pure functions, no Ray."""
 
 import pytest
 

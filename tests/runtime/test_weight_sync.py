@@ -1,4 +1,4 @@
-"""Weight transports (runtime/weight_sync.py): what an engine reads is what rank 0 sent, with
+"""Weight transports (runtime/ray/weight_sync.py): what an engine reads is what rank 0 sent, with
 its version, in every dtype; the sender's resources are gone after release. The object-store
 transport needs a cluster: it is tested in test_ray_runtime.py."""
 

@@ -1,5 +1,5 @@
 """`RemoteEngine`: the `InferenceEngine` contract over HTTP, for generation on inference servers
-(`agentrl serve`, vLLM, SGLang; wire formats in remote_wire.py). The trainer cannot tell it
+(`agentrl serve`, vLLM, SGLang; wire formats in wire.py). The trainer cannot tell it
 from the in-process engine.
 
 - **Sticky routing.** An episode's turns go to the server that served its first turn (the

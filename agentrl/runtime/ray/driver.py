@@ -5,12 +5,12 @@ model if needed, as the local runtime does), starts or joins a cluster, checks t
 against the cluster's resources before creating anything, reserves one placement group (with a
 timeout), then creates the actors:
 
-    actor_infer   EngineActor x world_size       (runtime/engine_actor.py)
-    env_managers  EnvManagerActor x n            (runtime/env_manager.py)
-    actor_train   TrainerActor (rank 0) + TrainWorkerActor x (world_size - 1)   (runtime/train_actors.py)
+    actor_infer   EngineActor x world_size       (runtime/ray/engine_actor.py)
+    env_managers  EnvManagerActor x n            (runtime/ray/env_manager.py)
+    actor_train   TrainerActor (rank 0) + TrainWorkerActor x (world_size - 1)   (runtime/ray/train_actors.py)
     reference, critic   ModelRoleActor, when the algorithm uses them
 
-Rank 0 runs the unchanged `Trainer` with a `RaySource` (runtime/ray_source.py) and writes the run
+Rank 0 runs the unchanged `Trainer` with a `RaySource` (runtime/ray/source.py) and writes the run
 folder, which the driver keeps locked. The driver waits on it, watching the other trainer ranks:
 a rank that dies stops the run with a message naming it and how to resume. Engines and env
 managers are restarted by Ray (runtime.max_restarts) and their lost episodes are retried.
@@ -41,7 +41,8 @@ from agentrl.runtime.build.preflight import preflight
 from agentrl.runtime.process import seed_everything
 from agentrl.runtime.ray.cluster import init_cluster, require_ray
 from agentrl.runtime.ray.engine_client import first_line
-from agentrl.runtime.ray.placement import HEAD, Plan, check_resources, choose_transport, options, plan_placement, reserve
+from agentrl.runtime.ray.placement import (HEAD, Plan, check_resources, choose_transport, options, plan_placement,
+                                            reserve)
 from agentrl.runtime.ray.workers import RunSpec, model_source, share, user_registrations
 from agentrl.train.checkpoint import latest_checkpoint, step_of
 

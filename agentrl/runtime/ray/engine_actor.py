@@ -1,5 +1,5 @@
 """An engine replica as a Ray actor: a `LocalEngine` built from the config, served to the env
-managers' clients (runtime/engine_client.py) and fed new weights by trainer rank 0.
+managers' clients (runtime/ray/engine_client.py) and fed new weights by trainer rank 0.
 
 The engine steps only inside `serve` calls: a call adds its client's new requests, then steps
 the engine until one of that client's requests has finished (another client's call in flight
@@ -11,8 +11,8 @@ current weights (`needs_weights` / `load_weights` / `accept_initial`): it never 
 stale policy.
 
 With runtime.engine_transport=http the actor serves the agentrl HTTP API instead (`http_url`:
-llm/server.py in the actor's own event loop, on the node's IP, a free port, the run's key), and
-env managers hold a `RemoteEngine` on those URLs (runtime/engine_http.py). The engine then steps
+llm/server/app.py in the actor's own event loop, on the node's IP, a free port, the run's key), and
+env managers hold a `RemoteEngine` on those URLs (runtime/ray/engine_http.py). The engine then steps
 itself as in `agentrl serve`; weights still arrive through `load_weights`, and a restarted
 replica's server holds requests until they have.
 """

@@ -1,8 +1,8 @@
 """The `LLMClient` env managers hand their agents on Ray: generate() over Ray actor calls to the
 engine replicas bound to that env manager. This module is the one place that speaks the engine
-actor's wire protocol; an HTTP client to engine servers (llm/remote.py) can take its place.
+actor's wire protocol; an HTTP client to engine servers (llm/remote/engine.py) can take its place.
 
-Protocol (runtime/engine_actor.py's `serve`): one call in flight per (client, replica) at a time,
+Protocol (runtime/ray/engine_actor.py's `serve`): one call in flight per (client, replica) at a time,
 carrying the requests submitted since the last call and the ids of requests whose caller gave up;
 it returns once at least one of this client's requests has finished. Between two calls the
 client lets every episode whose reply arrived run up to its next request (one event-loop turn),

@@ -1,5 +1,5 @@
 """The `LLMClient` env managers hand their agents with runtime.engine_transport=http: a
-`RemoteEngine` (llm/remote.py: sticky routing, seeds travel with requests, per-id versions) on
+`RemoteEngine` (llm/remote/engine.py: sticky routing, seeds travel with requests, per-id versions) on
 the agentrl servers of the engine replicas bound to this env manager, the same contract as a
 local run on `engine.kind=remote`.
 
