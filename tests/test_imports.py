@@ -211,6 +211,26 @@ def test_type_hints_close_no_circle_but_the_known_ones():
     assert not gone, f"these circles are gone: take them out of TYPE_ONLY_CIRCLES: {gone}"
 
 
+# Rooms inside a package import its top (llm/engine.py, conversation.py, weights.py; runtime/process.py),
+# never a sibling room: the in-process engine, the server and the client of servers stand alone, and
+# runtime/build/ knows nothing of the runtimes that place what it builds.
+ROOMS = {
+    "agentrl.llm.local": ("agentrl.llm.server", "agentrl.llm.remote"),
+    "agentrl.llm.server": ("agentrl.llm.local", "agentrl.llm.remote"),
+    "agentrl.llm.remote": ("agentrl.llm.local", "agentrl.llm.server"),
+    "agentrl.runtime.build": ("agentrl.runtime.ray", "agentrl.runtime.local", "agentrl.runtime.serving",
+                              "agentrl.runtime.export"),
+}
+
+
+def test_rooms_import_no_sibling_room():
+    graph = import_graph(ROOT)[0]  # type hints count: a room is read alone
+    bad = [f"{module} imports {target}" for module, targets in sorted(graph.items())
+           for room, banned in ROOMS.items() if module.startswith(room + ".")
+           for target in sorted(targets) if any(target == b or target.startswith(b + ".") for b in banned)]
+    assert not bad, "a room imports a sibling room:\n" + "\n".join(bad)
+
+
 def test_the_circle_finder_names_a_circle(tmp_path):
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)

@@ -23,9 +23,10 @@ from agentrl.config.runtime import RoleConfig, RuntimeConfig
 from agentrl.config.schema import (AgentConfig, Config, CustomEnvConfig, EnvConfig, EnvManagerConfig, RolloutConfig,
                                    TrainerConfig)
 from agentrl.config.serve import ServeConfig
+from agentrl.health import HealthConfig  # the health section's class lives beside the alarms it tunes
 
 __all__ = ["ActorConfig", "AgentConfig", "AlgorithmConfig", "BUILTIN_POLICY_LOSSES", "Config", "CriticConfig",
            "CustomEnvConfig", "EngineConfig", "EnvConfig", "EnvManagerConfig", "FilterGroupsConfig",
-           "KLControlConfig", "LoraConfig", "ModelConfig", "PolicyLossConfig", "RoleConfig", "RolloutConfig",
+           "HealthConfig", "KLControlConfig", "LoraConfig", "ModelConfig", "PolicyLossConfig", "RoleConfig", "RolloutConfig",
            "RuntimeConfig", "ServeConfig", "TinyModelConfig", "TrainerConfig", "WarmStartConfig", "all_keys",
            "field_docs", "load_config", "resolve", "save_config", "to_dict", "validate"]
