@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from agentrl.algos.advantages import compute_advantages
+from agentrl.algos.estimator import EstimatorInput
 from agentrl.algos.kl_control import KLController
 from agentrl.algos.losses import kl_penalty, masked_mean
 from agentrl.config import Config, to_dict
@@ -207,9 +208,10 @@ class Trainer:
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Advantages and returns from the configured estimator."""
-        return compute_advantages(self.cfg.algorithm.adv_estimator, batch.token_rewards, batch.loss_mask,
-                                  batch.group_index, batch.values, self.cfg.algorithm, batch.state_ids,
-                                  reward_baselines=batch.reward_baselines)
+        alg = self.cfg.algorithm
+        return compute_advantages(alg.adv_estimator, EstimatorInput(
+            batch.token_rewards, batch.loss_mask, batch.group_index, batch.values, alg, batch.state_ids,
+            batch.reward_baselines))
 
     def sync(self) -> None:
         """Push the updated weights to the engine, so the next rollouts use them."""
