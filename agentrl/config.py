@@ -16,6 +16,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from agentrl.atomic import write_atomic
 from agentrl.config_algo import (ActorConfig, AlgorithmConfig, CriticConfig, FilterGroupsConfig,  # noqa: F401
                                  KLControlConfig, PolicyLossConfig)
 from agentrl.config_checks import BUILTIN_POLICY_LOSSES, validate  # noqa: F401  (BUILTIN_POLICY_LOSSES: re-exported)
@@ -350,8 +351,8 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write the resolved config as YAML (whole or not at all: a resume rewrites it and reads it back)."""
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
