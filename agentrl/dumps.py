@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.atomic import write_atomic
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ def select_groups(trajs: Sequence[Trajectory], max_tokens: int) -> list[int]:
 class TrajectoryDumper:
     """Writes the dumps of one run (keeps the decoded piece of each id seen, for later steps)."""
 
-    def __init__(self, run_dir: str | Path, tokenizer: Any, max_tokens: int) -> None:
+    def __init__(self, run_dir: str | Path, tokenizer: Tokenizer, max_tokens: int) -> None:
         self.folder = Path(run_dir) / DUMPS_DIR
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens

@@ -34,6 +34,7 @@ from agentrl.rollout.collector import CollectResult, check_failed
 from agentrl.rollout.filters import informative_groups, top_variance_groups
 from agentrl.rollout.source import RolloutSource
 from agentrl.rollout.stats import by_tag, episode_stats, episodes, per_episode, tag_metrics, truncation_metrics
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Trajectory
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch, pack
@@ -46,7 +47,7 @@ ERRORS_NAME = "errors.jsonl"  # failed episode attempts of a run, one JSON line 
 class Trainer:
     """Runs `Config.trainer.total_steps` steps of collect / update / sync."""
 
-    def __init__(self, cfg: Config, actor: Actor, rollout: RolloutSource, tokenizer: Any, run_dir: Path,
+    def __init__(self, cfg: Config, actor: Actor, rollout: RolloutSource, tokenizer: Tokenizer, run_dir: Path,
                  eval_baselines: dict[str, Callable[[list[Trajectory]], dict[str, float]]] | None = None,
                  reference: Any = None, critic: Any = None) -> None:
         self.cfg = cfg

@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -20,6 +19,7 @@ from agentrl.config import Config
 from agentrl.dumps import TrajectoryDumper, cut_dumps
 from agentrl.errors import CollapseError
 from agentrl.health import MIN_INPUTS, Alarm, Monitor, cross_inputs, group_signals, input_dependence, reply_repeat
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Trajectory
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch
@@ -31,7 +31,7 @@ COLLAPSED_PREFIX = "collapsed_"
 class Watch:
     """Dumps and health checks of one run."""
 
-    def __init__(self, cfg: Config, run_dir: Path, tokenizer: Any, actor: Actor,
+    def __init__(self, cfg: Config, run_dir: Path, tokenizer: Tokenizer, actor: Actor,
                  log: Callable[[str], None] = print) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
