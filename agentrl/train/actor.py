@@ -63,7 +63,8 @@ def lr_factor(step: int, total: int, kind: str, warmup_ratio: float = 0.0, min_r
 
 class Actor:
     """Holds the policy model and its optimizer (over the trainable weights only: with LoRA, the
-    adapters; with bfloat16 weights, float32 master copies of them)."""
+    adapters; with bfloat16 weights, float32 master copies of them); the trainer's `Learner` in
+    one process."""
 
     def __init__(self, model: torch.nn.Module, cfg: ActorConfig, temperature: float,
                  horizon: float | None = None, packed: bool = False, parallel: DataParallel | None = None) -> None:
@@ -96,7 +97,7 @@ class Actor:
         return batch_logprobs(self.model, batch, self.options, self.temperature)
 
     # ------------------------------------------------------------------ weights
-    def engine_weights(self) -> dict[str, Any]:
+    def engine_weights(self) -> dict[str, torch.Tensor]:
         """What an engine needs to serve the current policy: the adapter state with LoRA (see
         models/lora.py), else the full state dict."""
         if is_peft(self.model):
