@@ -29,6 +29,7 @@ from agentrl import config as config_module
 from agentrl.config import Config, save_config
 from agentrl.errors import ConfigError
 from agentrl.registry import AGENTS, ENVS, Registry
+from agentrl.tokenizer import Tokenizer
 
 ConfigSource = Config | Mapping[str, Any] | str | Path | None
 
@@ -112,9 +113,9 @@ def _config(config: ConfigSource, overrides: Sequence[str] | Mapping[str, Any]) 
     return load_config(config, overrides)
 
 
-def fit(config: ConfigSource = None, agent_cls: Any = None, env_cls: Any = None, tokenizer: Any = None, *,
-          overrides: Sequence[str] | Mapping[str, Any] = (), resume: bool = False, overwrite: bool = False,
-          log: Callable[[str], None] = print) -> dict[str, Any]:
+def fit(config: ConfigSource = None, agent_cls: Any = None, env_cls: Any = None,
+        tokenizer: Tokenizer | None = None, *, overrides: Sequence[str] | Mapping[str, Any] = (),
+        resume: bool = False, overwrite: bool = False, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Train: `config` (a Config, dict or YAML path) with `overrides`; `agent_cls` / `env_cls`
     play the agent and env sections; `tokenizer` replaces the model's own (the embedded tiny
     model is then built on it); `overwrite` starts over in a run folder that holds a run (as the
@@ -131,7 +132,7 @@ class AgentTrainer:
     reward arguments are accepted and ignored with a one-line note: the parts are built in this
     process, and rewards come from the env."""
 
-    def __init__(self, config: ConfigSource = None, tokenizer: Any = None, agent_cls: Any = None,
+    def __init__(self, config: ConfigSource = None, tokenizer: Tokenizer | None = None, agent_cls: Any = None,
                  env_cls: Any = None, *, overrides: Sequence[str] | Mapping[str, Any] = (), resume: bool = False,
                  overwrite: bool = False, log: Callable[[str], None] = print, **kwargs: Any) -> None:
         unknown = [k for k in kwargs if k not in VERL_ARGS]

@@ -17,17 +17,17 @@ It imports nothing of torch: tensors are read through `.tolist()`, so `agentrl v
 
 from __future__ import annotations
 
-import contextlib
 import gzip
+import io
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl.atomic import write_atomic
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def select_groups(trajs: Sequence[Trajectory], max_tokens: int) -> list[int]:
 class TrajectoryDumper:
     """Writes the dumps of one run (keeps the decoded piece of each id seen, for later steps)."""
 
-    def __init__(self, run_dir: str | Path, tokenizer: Any, max_tokens: int) -> None:
+    def __init__(self, run_dir: str | Path, tokenizer: Tokenizer, max_tokens: int) -> None:
         self.folder = Path(run_dir) / DUMPS_DIR
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
@@ -155,15 +155,7 @@ class TrajectoryDumper:
 def _atomic_write_gz(path: Path, text: str) -> None:
     """Write gzipped `text` so that readers see a whole file or none."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-                f.write(text.encode("utf-8"))
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as f:  # mtime 0: the same step, the same bytes
+        f.write(text.encode("utf-8"))
+    write_atomic(path, buf.getvalue())

@@ -11,13 +11,12 @@ import contextlib
 import io
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.atomic import write_atomic
 from agentrl.errors import ConfigError
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
@@ -72,21 +71,6 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` so readers see the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 class MetricsLogger:
     """The one object a run logs through: metrics.jsonl, TensorBoard, W&B and a progress bar."""
 
@@ -121,7 +105,7 @@ class MetricsLogger:
             # the steps it replays are not written twice.
             keep = [] if resume_from_step is None else \
                 [r for r in read_jsonl(path) if r.get("step", 0) <= resume_from_step]
-            _atomic_write(path, "".join(json.dumps(r) + "\n" for r in keep))
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
         return path.open("a")
 
     def _open_writer(self, resume_from_step: int | None):
@@ -250,5 +234,5 @@ def write_summary(run_dir: str | Path, summary: dict) -> Path:
     path = Path(run_dir) / SUMMARY_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {str(k): _json_value(v) for k, v in summary.items()}
-    _atomic_write(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
+    write_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
     return path

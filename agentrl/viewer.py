@@ -26,7 +26,8 @@ from typing import Any
 
 from agentrl.dumps import dump_path, list_dumps, read_dump
 from agentrl.errors import AgentRLError
-from agentrl.metrics import JSONL_NAME, _atomic_write, read_jsonl
+from agentrl.atomic import write_atomic
+from agentrl.metrics import JSONL_NAME, read_jsonl
 
 PAGE_NAME = "view.html"
 TEMPLATE = Path(__file__).with_name("viewer.html")
@@ -115,7 +116,7 @@ def _run_name(run_dir: Path) -> str:
 def write_page(run_dir: str | Path, max_steps: int = 20, warn: Callable[[str], None] = print) -> Path:
     """Write RUN_DIR/view.html (atomically) and return its path."""
     path = Path(run_dir) / PAGE_NAME
-    _atomic_write(path, build_page(run_dir, max_steps, warn))
+    write_atomic(path, build_page(run_dir, max_steps, warn))
     return path
 
 

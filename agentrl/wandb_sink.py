@@ -16,6 +16,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from agentrl.atomic import write_atomic
 from agentrl.errors import ConfigError
 
 RUN_ID_NAME = "agentrl_run_id"
@@ -47,7 +48,7 @@ class WandbSink:
         folder.mkdir(parents=True, exist_ok=True)
         id_file = folder / RUN_ID_NAME
         run_id = id_file.read_text().strip() if resume and id_file.is_file() else secrets.token_hex(4)
-        id_file.write_text(run_id + "\n")
+        write_atomic(id_file, run_id + "\n")  # a resume reads it back: never half an id
         # console/stats off: the run's own console and metrics already say it, and the stats
         # sampler is a background process per run.
         settings = wandb.Settings(console="off", x_disable_stats=True, silent=True)

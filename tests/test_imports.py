@@ -24,6 +24,11 @@ FORBIDDEN = {
     # the episode record is the bottom of the tree: everything may import it, it imports nothing of ours
     "trajectory": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config",
                    "registry", "metrics", "errors", "api", "torch"},
+    # the tokenizer type and the atomic writer sit at the bottom with it: every layer names them
+    "tokenizer": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config",
+                  "registry", "metrics", "errors", "api", "trajectory", "torch", "transformers"},
+    "atomic": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config",
+               "registry", "metrics", "errors", "api", "trajectory", "torch"},
     # what a run leaves for people to read: no torch, so `agentrl view` and the alarms' maths stay light
     "dumps": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "torch"},
     "health": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config", "torch"},

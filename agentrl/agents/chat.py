@@ -9,6 +9,7 @@ from agentrl.errors import ConfigError
 from agentrl.llm.conversation import Conversation, TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.registry import register_agent
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Task, TokenRecord, Trajectory
 
 
@@ -31,7 +32,7 @@ class ChatAgent:
     why (`env`, `max_turns`, `context` or `token_budget`).
     """
 
-    def __init__(self, tokenizer, sampling: SamplingParams, max_turns: int,
+    def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
                  history_length: int | None = None) -> None:
         if max_turns < 1:
@@ -139,7 +140,7 @@ class ChatAgent:
         return conv
 
 
-def start_conversation(tokenizer, system_prompt: str | None, first_message: str) -> Conversation:
+def start_conversation(tokenizer: Tokenizer, system_prompt: str | None, first_message: str) -> Conversation:
     """A conversation opened by the optional system prompt and the first user message."""
     conv = Conversation(tokenizer)
     if system_prompt:

@@ -61,6 +61,7 @@ from agentrl.envs.contract import is_finite_number
 from agentrl.errors import ConfigError, EnvError, contained
 from agentrl.llm.conversation import Conversation, TokenBudget, completion_versions
 from agentrl.llm.engine import Completion, LLMClient, SamplingParams
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Task, TokenRecord, Trajectory
 
 
@@ -115,7 +116,7 @@ class SeedAgentAdapter:
 
     per_answer_rewards = True  # its env's step returns one reward per answer (the collector checks that)
 
-    def __init__(self, agent: Any, tokenizer, sampling: SamplingParams, max_turns: int,
+    def __init__(self, agent: Any, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
                  rows: Sequence[SeedRow] = (), dataset_hint: str = "env.args.dataset_path") -> None:
         self.agent = agent
@@ -128,7 +129,7 @@ class SeedAgentAdapter:
         self.dataset_hint = dataset_hint  # the setting that names the dataset, for the error message
 
     @classmethod
-    def from_class(cls, agent_cls: type, tokenizer, sampling: SamplingParams, max_turns: int,
+    def from_class(cls, agent_cls: type, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
                    system_prompt: str | None = None, budget: TokenBudget | None = None,
                    args: dict | None = None, where: str = "agent", rows: Sequence[SeedRow] = (),
                    dataset_hint: str = "env.args.dataset_path") -> SeedAgentAdapter:

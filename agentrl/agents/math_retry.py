@@ -27,6 +27,7 @@ from agentrl.envs.base import Env
 from agentrl.llm.conversation import TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.registry import register_agent
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Task, Trajectory
 
 WRONG = "Unfortunately your answer is wrong. Let's try again."  # the seeds' wording
@@ -36,7 +37,7 @@ CORRECT = "Congratulations! You are correct!"
 class MathRetryAgent:
     """Up to `max_turns` answers to one question, with "wrong, try again" between them."""
 
-    def __init__(self, tokenizer, sampling: SamplingParams, max_turns: int,
+    def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
                  turn_discount: float = 1.0, wrong_feedback: str = WRONG) -> None:
         if max_turns < 1:

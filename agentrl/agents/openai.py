@@ -36,6 +36,7 @@ from agentrl.errors import EngineError
 from agentrl.llm.conversation import TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.registry import import_file, register_agent
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Task, Trajectory
 
 ENTRY_HELP = ("agent.args.entry must be 'module:function' naming `async def run(client, env, task)` "
@@ -126,7 +127,7 @@ class _RecordingEnv:
 class OpenAIAgent:
     """Runs `entry(client, env, task)` per episode through a session of the loop's session server."""
 
-    def __init__(self, tokenizer: Any, sampling: SamplingParams, max_turns: int, system_prompt: str | None = None,
+    def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int, system_prompt: str | None = None,
                  budget: TokenBudget | None = None, entry: str = "", timeout: float = 600.0) -> None:
         self.run_fn = resolve_entry(entry)
         if not (isinstance(timeout, (int, float)) and timeout > 0):

@@ -1,17 +1,14 @@
-"""Advantage estimators: one registry, one signature.
+"""Advantage estimators: one registry, one input record.
 
-Every estimator takes
-    token_rewards  (B, T) float32  reward of each turn at that turn's last generated id, 0 elsewhere
-    response_mask  (B, T) float32  1 on ids the policy generated, 0 on prompt/observations/padding
-    index          (B,)   int64    group id of each sequence (episodes sharing an env seed)
-    values         (B, T) float32 or None: critic values, values[:, t] = V(ids before t)
-    config         AlgorithmConfig
-    state_ids      (B, T) int64 or None: id of the env state each generated token's turn started
-                   from (unique per group), -1 elsewhere, for step-level baselines
-and returns (advantages, returns), both (B, T) float32 and zero where response_mask is 0.
-The trainer calls `compute_advantages(name, ...)` and never special-cases a name. An estimator
-whose function has `greedy_baseline = True` (ReMax) makes the run play one greedy episode per
-group, and also receives `reward_baselines` (B,) float32: the reward of its group's greedy episode.
+Every estimator reads one `EstimatorInput` (agentrl/algos/estimator.py: the batch's
+`token_rewards`, `response_mask`, group `index`, critic `values`, the `config`, and for step-level
+baselines `state_ids`) and returns (advantages, returns), both (B, T) float32 and zero where
+response_mask is 0. Estimators written in the earlier positional form
+`fn(token_rewards, response_mask, index, values, config, state_ids=None)` still register and run
+(the rule is in estimator.py). The trainer calls `compute_advantages(name, inputs)` and never
+special-cases a name. An estimator whose function has `greedy_baseline = True` (ReMax) makes the
+run play one greedy episode per group, and reads `reward_baselines` (B,) float32: the reward of
+its group's greedy episode.
 
 ## Credit (`config.credit`)
 - `token`: verl's semantics exactly. Rewards stay where they are; recursions run over generated
@@ -51,29 +48,19 @@ import torch
 # importing them here registers them wherever the registry is used.
 import agentrl.algos.gae  # noqa: F401
 import agentrl.algos.outcome_estimators  # noqa: F401
+from agentrl.algos.estimator import Estimate, EstimatorInput, accepts_positional, call_estimator
 from agentrl.algos.returns import EPS, TurnDepths, group_stats, masked_whiten, turn_ends, turn_returns
 from agentrl.config import AlgorithmConfig
 from agentrl.registry import ESTIMATORS, register_estimator
 
 
-def compute_advantages(
-    name: str,
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: torch.Tensor,
-    values: torch.Tensor | None,
-    config: AlgorithmConfig,
-    state_ids: torch.Tensor | None = None,
-    reward_baselines: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the estimator registered under `name` (credit=outcome first moves rewards to the end);
-    `reward_baselines` (B,) reach the estimators that asked for a greedy baseline."""
+def compute_advantages(name: str, inputs: EstimatorInput) -> Estimate:
+    """Run the estimator registered under `name` on `inputs` (credit=outcome first moves rewards
+    to the end); (advantages, returns), both (B, T) float32."""
     fn = ESTIMATORS.get(name)
-    if config.credit == "outcome":
-        token_rewards = outcome_rewards(token_rewards, response_mask)
-    if uses_greedy_baseline(name):
-        return fn(token_rewards, response_mask, index, values, config, state_ids, reward_baselines=reward_baselines)
-    return fn(token_rewards, response_mask, index, values, config, state_ids)
+    if inputs.config.credit == "outcome":
+        inputs = inputs.replace(token_rewards=outcome_rewards(inputs.token_rewards, inputs.response_mask))
+    return call_estimator(fn, inputs)
 
 
 def uses_greedy_baseline(name: str) -> bool:
@@ -82,14 +69,8 @@ def uses_greedy_baseline(name: str) -> bool:
 
 
 @register_estimator("grpo")
-def grpo(
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: torch.Tensor,
-    values: torch.Tensor | None,
-    config: AlgorithmConfig,
-    state_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@accepts_positional
+def grpo(x: EstimatorInput) -> Estimate:
     """GRPO (Shao et al. 2024): (score - group mean) / (group std + eps), (B, T).
 
     Scores are sequence reward sums (token/outcome credit) or turn returns (turn credit: turn k is
@@ -97,53 +78,48 @@ def grpo(
     one as in verl;
     `norm_adv_by_std_in_grpo=false` gives Dr. GRPO. Returns equal the advantages.
     """
-    if config.credit == "turn":
-        return _grpo_turns(token_rewards, response_mask, index, config)
-    scores = token_rewards.sum(dim=-1)
-    _, inverse = torch.unique(index, return_inverse=True)
+    if x.config.credit == "turn":
+        return _grpo_turns(x)
+    scores = x.token_rewards.sum(dim=-1)
+    _, inverse = torch.unique(x.index, return_inverse=True)
     count, mean, std = group_stats(scores, inverse)
     centered = scores - mean[inverse]
     # verl: a group of one has mean 0 and std 1, so its advantage is its raw score.
     single = count[inverse] == 1
     centered = torch.where(single, scores, centered)
     std_row = torch.where(single, torch.ones_like(scores), std[inverse])
-    adv = centered / (std_row + EPS) if config.norm_adv_by_std_in_grpo else centered
-    adv = adv.unsqueeze(-1) * response_mask
+    adv = centered / (std_row + EPS) if x.config.norm_adv_by_std_in_grpo else centered
+    adv = adv.unsqueeze(-1) * x.response_mask
     return adv, adv
 
 
-def _grpo_turns(token_rewards, response_mask, index, config):
-    depth = TurnDepths(turn_returns(token_rewards, response_mask, config.gamma), response_mask, index)
+def _grpo_turns(x: EstimatorInput) -> Estimate:
+    depth = TurnDepths(turn_returns(x.token_rewards, x.response_mask, x.config.gamma), x.response_mask, x.index)
     count, mean, std = group_stats(depth.scores, depth.key)
     alone = count[depth.key] == 1  # raw return: mean 0, std 1, as for a group of one
     adv = depth.scores - torch.where(alone, 0.0, mean[depth.key])
-    if config.norm_adv_by_std_in_grpo:
+    if x.config.norm_adv_by_std_in_grpo:
         adv = adv / (torch.where(alone, 1.0, std[depth.key]) + EPS)
     out = depth.spread(adv)
     return out, out
 
 
 @register_estimator("gigpo")
-def gigpo(
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: torch.Tensor,
-    values: torch.Tensor | None,
-    config: AlgorithmConfig,
-    state_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@accepts_positional
+def gigpo(x: EstimatorInput) -> Estimate:
     """GiGPO (Feng et al. 2025): episode-level GRPO plus a step-level advantage, (B, T).
 
     Turns that start from the same env state in one group (an anchor group) are compared by
     their discounted turn returns: (G_k - mean) / (std + eps). Weighted by `episode_adv_weight`
     and `step_adv_weight`. Deviation: an anchor group of one turn gets step advantage 0.
     """
+    state_ids, config = x.state_ids, x.config
     if state_ids is None:
         raise ValueError("gigpo needs state_ids (the env state each turn started from)")
     outcome = AlgorithmConfig(**{**config.__dict__, "credit": "outcome"})
-    episode, _ = grpo(token_rewards, response_mask, index, None, outcome)
-    returns = turn_returns(token_rewards, response_mask, config.gamma)
-    ends = turn_ends(response_mask) & (state_ids >= 0)
+    episode, _ = grpo(x.replace(values=None, config=outcome, state_ids=None))
+    returns = turn_returns(x.token_rewards, x.response_mask, config.gamma)
+    ends = turn_ends(x.response_mask) & (state_ids >= 0)
     size = int(state_ids.max()) + 1 if state_ids.numel() else 0
     count, mean, std = group_stats(returns[ends], state_ids[ends], size)
     sid = state_ids.clamp(min=0)
@@ -151,7 +127,7 @@ def gigpo(
     if config.norm_adv_by_std_in_grpo:
         step = step / (std[sid] + EPS)
     step = torch.where((state_ids >= 0) & (count[sid] > 1), step, torch.zeros_like(step))
-    adv = (config.episode_adv_weight * episode + config.step_adv_weight * step) * response_mask
+    adv = (config.episode_adv_weight * episode + config.step_adv_weight * step) * x.response_mask
     return adv, adv
 
 
@@ -189,79 +165,61 @@ def _broadcast_group(scores: torch.Tensor, index: torch.Tensor):
 
 # ---------------------------------------------------------------------------- RLOO
 @register_estimator("rloo")
-def rloo(
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: torch.Tensor,
-    values: torch.Tensor | None,
-    config: AlgorithmConfig,
-    state_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@accepts_positional
+def rloo(x: EstimatorInput) -> Estimate:
     """RLOO (Ahmadian et al. 2024): score minus the mean score of the other episodes, (B, T).
 
     Token/outcome credit is verl's compute_rloo_outcome_advantage. Turn credit: turn k's return
     minus the mean return of turn k in the group's other episodes (baseline 0 if none has one).
     """
-    if config.credit == "turn":
-        depth = TurnDepths(turn_returns(token_rewards, response_mask, config.gamma), response_mask, index)
+    if x.config.credit == "turn":
+        depth = TurnDepths(turn_returns(x.token_rewards, x.response_mask, x.config.gamma), x.response_mask, x.index)
         count, mean, _ = group_stats(depth.scores, depth.key)
         n = count[depth.key]
         others = (mean[depth.key] * n - depth.scores) / (n - 1).clamp(min=1)
         out = depth.spread(depth.scores - torch.where(n > 1, others, 0.0))
         return out, out
-    scores = token_rewards.sum(dim=-1)
-    count, mean, _ = _broadcast_group(scores, index)
+    scores = x.token_rewards.sum(dim=-1)
+    count, mean, _ = _broadcast_group(scores, x.index)
     n = count
     loo = scores * n / (n - 1).clamp(min=1) - mean * n / (n - 1).clamp(min=1)
-    adv = torch.where(n > 1, loo, scores).unsqueeze(-1) * response_mask
+    adv = torch.where(n > 1, loo, scores).unsqueeze(-1) * x.response_mask
     return adv, adv
 
 
 # ---------------------------------------------------------------------------- REINFORCE++
 @register_estimator("reinforce_plus_plus")
-def reinforce_plus_plus(
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: torch.Tensor,
-    values: torch.Tensor | None,
-    config: AlgorithmConfig,
-    state_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@accepts_positional
+def reinforce_plus_plus(x: EstimatorInput) -> Estimate:
     """REINFORCE++ (Hu 2025): discounted returns whitened over the batch's generated ids, (B, T).
 
     Token/outcome credit: verl's compute_reinforce_plus_plus_outcome_advantage with transparent
     masks (verl restarts the running return at masked ids; on single-turn masks they agree).
     Turn credit: every id of a turn gets the turn's return G_k. Returns are the unwhitened ones.
     """
-    if config.credit == "turn":
-        returns = turn_returns(token_rewards, response_mask, config.gamma)
+    if x.config.credit == "turn":
+        returns = turn_returns(x.token_rewards, x.response_mask, x.config.gamma)
     else:
-        returns = discounted_returns(token_rewards, response_mask, config.gamma)
-    adv = masked_whiten(returns, response_mask) * response_mask
+        returns = discounted_returns(x.token_rewards, x.response_mask, x.config.gamma)
+    adv = masked_whiten(returns, x.response_mask) * x.response_mask
     return adv, returns
 
 
 @register_estimator("reinforce_plus_plus_baseline")
-def reinforce_plus_plus_baseline(
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: torch.Tensor,
-    values: torch.Tensor | None,
-    config: AlgorithmConfig,
-    state_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@accepts_positional
+def reinforce_plus_plus_baseline(x: EstimatorInput) -> Estimate:
     """REINFORCE++-baseline: score minus its group mean, then whitened over the batch, (B, T).
 
     Token/outcome credit is verl's compute_reinforce_plus_plus_baseline_outcome_advantage.
     Turn credit: turn k's return minus the group's mean return of turn k (0 if it is alone).
     """
-    if config.credit == "turn":
-        depth = TurnDepths(turn_returns(token_rewards, response_mask, config.gamma), response_mask, index)
+    if x.config.credit == "turn":
+        depth = TurnDepths(turn_returns(x.token_rewards, x.response_mask, x.config.gamma), x.response_mask, x.index)
         count, mean, _ = group_stats(depth.scores, depth.key)
         centered = depth.spread(depth.scores - torch.where(count[depth.key] > 1, mean[depth.key], 0.0))
     else:
-        scores = token_rewards.sum(dim=-1)
-        count, mean, _ = _broadcast_group(scores, index)
-        centered = torch.where(count > 1, scores - mean, scores).unsqueeze(-1).expand_as(response_mask)
-    adv = masked_whiten(centered * response_mask, response_mask) * response_mask
+        scores = x.token_rewards.sum(dim=-1)
+        count, mean, _ = _broadcast_group(scores, x.index)
+        centered = torch.where(count > 1, scores - mean, scores).unsqueeze(-1).expand_as(x.response_mask)
+    adv = masked_whiten(centered * x.response_mask, x.response_mask) * x.response_mask
     return adv, adv

@@ -1,27 +1,21 @@
 """GAE (Schulman et al. 2016): the critic's estimator, per token (verl's) or over turns.
 
-Registered as `gae` (algorithm.adv_estimator=gae with critic.enable=true); the signature is every
-estimator's (agentrl/algos/advantages.py).
+Registered as `gae` (algorithm.adv_estimator=gae with critic.enable=true); it reads every
+estimator's input record (agentrl/algos/estimator.py).
 """
 
 from __future__ import annotations
 
 import torch
 
+from agentrl.algos.estimator import Estimate, EstimatorInput, accepts_positional
 from agentrl.algos.returns import masked_whiten, turn_ids
-from agentrl.config import AlgorithmConfig
 from agentrl.registry import register_estimator
 
 
 @register_estimator("gae")
-def gae(
-    token_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index: torch.Tensor,
-    values: torch.Tensor | None,
-    config: AlgorithmConfig,
-    state_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@accepts_positional
+def gae(x: EstimatorInput) -> Estimate:
     """GAE (Schulman et al. 2016) with a critic; advantages whitened over generated ids, (B, T).
 
     Token/outcome credit is verl's compute_gae_advantage_return (the mask-transparent version:
@@ -29,14 +23,15 @@ def gae(
     delta_k = r_k + gamma V_{k+1} - V_k, A_k = delta_k + gamma lam A_{k+1}, V_k the value before
     turn k's first id; every id of turn k gets A_k and the return target A_k + V_k.
     """
+    values, config, mask = x.values, x.config, x.response_mask
     if values is None:
         raise ValueError("adv_estimator 'gae' needs critic values: set critic.enable=true")
     if config.credit == "turn":
-        adv, returns = _turn_gae(token_rewards, response_mask, values, config.gamma, config.lam)
+        adv, returns = _turn_gae(x.token_rewards, mask, values, config.gamma, config.lam)
     else:
-        adv, returns = _token_gae(token_rewards, response_mask, values, config.gamma, config.lam)
-    adv = masked_whiten(adv, response_mask) * response_mask
-    return adv, returns * response_mask
+        adv, returns = _token_gae(x.token_rewards, mask, values, config.gamma, config.lam)
+    adv = masked_whiten(adv, mask) * mask
+    return adv, returns * mask
 
 
 def _token_gae(rewards, mask, values, gamma, lam):

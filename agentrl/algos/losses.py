@@ -24,7 +24,7 @@ PPO clipped surrogate (Schulman et al. 2017), asymmetric as in DAPO, dual-clip a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -33,6 +33,25 @@ if TYPE_CHECKING:
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
              "dr-grpo")
+
+Stats = dict[str, torch.Tensor]  # a policy loss's diagnostics: pg_clipfrac, pg_clipfrac_lower, ppo_kl
+
+
+class PolicyLoss(Protocol):
+    """The one signature of every policy loss (`actor.policy_loss.loss_mode`, algos/policy_losses.py).
+
+    Tensors are (B, T) float32 aligned with the token ids, `mask` 1 on generated ids; `num_tokens`,
+    `num_seqs` and `horizon` are the mini-batch's counts for `aggregate` (a micro-batch's loss is its
+    share of the mini-batch's); `weights` the detached off-policy weights multiplying each token's
+    loss; `config` the `actor.policy_loss` section. Returns (scalar loss, detached Stats).
+    """
+
+    def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                 loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
+                 clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
+                 num_seqs: float | None = None, horizon: float | None = None,
+                 config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]: ...
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
@@ -73,22 +92,13 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask > 0, x, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1.0)
 
 
-def ppo_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    loss_agg_mode: str = "token-mean",
-    num_tokens: float | None = None,
-    clip_ratio_c: float | None = None,
-    weights: torch.Tensor | None = None,
-    num_seqs: float | None = None,
-    horizon: float | None = None,
-    config: PolicyLossConfig | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped policy loss and its diagnostics (pg_clipfrac, pg_clipfrac_lower, ppo_kl).
+def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                    mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                    loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
+                    clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
+                    num_seqs: float | None = None, horizon: float | None = None,
+                    config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
+    """PPO clipped policy loss and its diagnostics (pg_clipfrac, pg_clipfrac_lower, ppo_kl); a `PolicyLoss`.
 
     `clip_ratio_c` (> 1) turns on dual-clip for negative advantages; `weights` (detached,
     (B, T)) multiply each token's loss: importance weights for off-policy samples. `config`

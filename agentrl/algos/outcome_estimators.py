@@ -1,7 +1,7 @@
 """Episode-level estimators under verl's names: opo, grpo_passk, gpg, remax.
 
-Same signature and contract as `agentrl.algos.advantages` (read its docstring): (B, T) float32
-advantages and returns, zero where response_mask is 0. These four are outcome estimators in
+Same input record and contract as `agentrl.algos.advantages` (read its docstring): (B, T)
+float32 advantages and returns, zero where response_mask is 0. These four are outcome estimators in
 verl: one score per episode, every generated id of the episode gets its advantage.
 
 Score of an episode: its reward sum (credit token/outcome, as verl), or under credit=turn its
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from agentrl.algos.estimator import Estimate, EstimatorInput, accepts_positional
 from agentrl.algos.returns import EPS, group_stats, turn_returns
 from agentrl.config import AlgorithmConfig
 from agentrl.registry import register_estimator
@@ -58,53 +59,50 @@ def _spread(per_episode: torch.Tensor, response_mask: torch.Tensor) -> tuple[tor
 
 
 @register_estimator("opo")
-def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-        values: torch.Tensor | None, config: AlgorithmConfig,
-        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+@accepts_positional
+def opo(x: EstimatorInput) -> Estimate:
     """OPO: score minus the group's length-weighted mean score (0 for a group of one), (B, T)."""
-    scores = episode_scores(token_rewards, response_mask, config)
-    lengths = response_mask.sum(dim=-1)
-    group = _groups(index)
+    scores = episode_scores(x.token_rewards, x.response_mask, x.config)
+    lengths = x.response_mask.sum(dim=-1)
+    group = _groups(x.index)
     size = int(group.max()) + 1 if group.numel() else 0
     count = torch.zeros(size, dtype=scores.dtype).index_add_(0, group, torch.ones_like(scores))
     weighted = torch.zeros(size, dtype=scores.dtype).index_add_(0, group, lengths * scores)
     total = torch.zeros(size, dtype=scores.dtype).index_add_(0, group, lengths)
     baseline = torch.where((count > 1) & (total > 0), weighted / total.clamp(min=1e-12), torch.zeros_like(total))
-    return _spread(scores - baseline[group], response_mask)
+    return _spread(scores - baseline[group], x.response_mask)
 
 
 @register_estimator("grpo_passk")
-def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-               values: torch.Tensor | None, config: AlgorithmConfig,
-               state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+@accepts_positional
+def grpo_passk(x: EstimatorInput) -> Estimate:
     """Pass@k GRPO: the group's best episode gets (r_max - r_second) [/ (std + eps)], others 0."""
-    scores = episode_scores(token_rewards, response_mask, config)
-    group = _groups(index)
+    scores = episode_scores(x.token_rewards, x.response_mask, x.config)
+    group = _groups(x.index)
     out = torch.zeros_like(scores)
     for g in range(int(group.max()) + 1 if group.numel() else 0):
         rows = (group == g).nonzero(as_tuple=True)[0]
         if rows.numel() < 2:
-            raise ValueError(f"grpo_passk needs at least 2 episodes per group, group {int(index[rows[0]])} has "
+            raise ValueError(f"grpo_passk needs at least 2 episodes per group, group {int(x.index[rows[0]])} has "
                              f"{rows.numel()}: set rollout.group_size >= 2")
         s = scores[rows]
         best = int(torch.argmax(s))  # the first of the best rows
         top2 = torch.topk(s, 2).values
         adv = top2[0] - top2[1]
-        out[rows[best]] = adv / (s.std() + EPS) if config.norm_adv_by_std_in_grpo else adv
-    return _spread(out, response_mask)
+        out[rows[best]] = adv / (s.std() + EPS) if x.config.norm_adv_by_std_in_grpo else adv
+    return _spread(out, x.response_mask)
 
 
 @register_estimator("gpg")
-def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-        values: torch.Tensor | None, config: AlgorithmConfig,
-        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+@accepts_positional
+def gpg(x: EstimatorInput) -> Estimate:
     """GPG: alpha * (score - group mean), alpha = batch size / episodes with non-zero score, (B, T)."""
-    scores = episode_scores(token_rewards, response_mask, config)
-    group = _groups(index)
+    scores = episode_scores(x.token_rewards, x.response_mask, x.config)
+    group = _groups(x.index)
     count, mean, _ = group_stats(scores, group)
     baseline = torch.where(count[group] > 1, mean[group], torch.zeros_like(scores))
     alpha = scores.numel() / max(int(torch.count_nonzero(scores)), 1)
-    return _spread(alpha * (scores - baseline), response_mask)
+    return _spread(alpha * (scores - baseline), x.response_mask)
 
 
 def remax_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
@@ -115,24 +113,22 @@ def remax_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
 
 
 @register_estimator("remax")
-def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-          values: torch.Tensor | None, config: AlgorithmConfig,
-          state_ids: torch.Tensor | None = None,
-          reward_baselines: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+@accepts_positional
+def remax(x: EstimatorInput) -> Estimate:
     """ReMax: return minus the group's greedy-rollout reward (the leave-one-out mean score where a
     row has none), (B, T)."""
-    scores = episode_scores(token_rewards, response_mask, config)
-    group = _groups(index)
+    scores = episode_scores(x.token_rewards, x.response_mask, x.config)
+    group = _groups(x.index)
     count, mean, _ = group_stats(scores, group)
     n = count[group]
     baseline = torch.where(n > 1, (mean[group] * n - scores) / (n - 1).clamp(min=1), torch.zeros_like(scores))
-    if reward_baselines is not None:
-        greedy = reward_baselines.to(scores.dtype)
+    if x.reward_baselines is not None:
+        greedy = x.reward_baselines.to(scores.dtype)
         baseline = torch.where(torch.isnan(greedy), baseline, greedy)
-    if config.credit == "turn":
-        returns = turn_returns(token_rewards, response_mask, config.gamma)
-        return (returns - baseline.unsqueeze(-1)) * response_mask, returns
-    return remax_advantages(token_rewards, response_mask, baseline)
+    if x.config.credit == "turn":
+        returns = turn_returns(x.token_rewards, x.response_mask, x.config.gamma)
+        return (returns - baseline.unsqueeze(-1)) * x.response_mask, returns
+    return remax_advantages(x.token_rewards, x.response_mask, baseline)
 
 
 remax.greedy_baseline = True  # the run plays one greedy episode per group for it (verl)

@@ -1,6 +1,6 @@
 """Policy losses selectable by name, as verl selects them (`actor.policy_loss.loss_mode`).
 
-Every loss has `ppo_policy_loss`'s signature:
+Every loss is a `losses.PolicyLoss`, the one typed signature:
     fn(logprobs, old_logprobs, advantages, mask, clip_ratio_low, clip_ratio_high, loss_agg_mode,
        num_tokens, clip_ratio_c, weights, num_seqs, horizon, config) -> (loss, stats)
 with (B, T) float32 tensors aligned with the token ids (`mask` 1 on generated ids), the
@@ -35,18 +35,16 @@ geometric mean of its tokens' weights, as verl does with its rollout IS weights.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.algos.losses import aggregate, masked_mean, ppo_policy_loss
+from agentrl.algos.losses import PolicyLoss, Stats, aggregate, masked_mean, ppo_policy_loss
 from agentrl.errors import ConfigError, RegistryError
 from agentrl.registry import POLICY_LOSSES, register_policy_loss
 
 if TYPE_CHECKING:
     from agentrl.config import PolicyLossConfig
-
-Stats = dict[str, torch.Tensor]
 
 register_policy_loss("vanilla", ppo_policy_loss)
 
@@ -59,16 +57,22 @@ def check_loss_mode(name: str) -> None:
         raise ConfigError(f"actor.policy_loss.loss_mode: {e}") from None
 
 
-def policy_loss(name: str, *args, **kwargs) -> tuple[torch.Tensor, Stats]:
-    """Run the policy loss registered under `name` with `ppo_policy_loss`'s arguments."""
-    return POLICY_LOSSES.get(name)(*args, **kwargs)
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The policy loss registered under `name` (unknown names list the known ones)."""
+    return POLICY_LOSSES.get(name)
+
+
+def policy_loss(name: str, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Stats]:
+    """Run the policy loss registered under `name` with `PolicyLoss`'s arguments."""
+    return get_policy_loss(name)(*args, **kwargs)
 
 
 def _log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
     return (logprobs - old_logprobs).clamp(-20.0, 20.0)
 
 
-def _stats(clipfrac, clipfrac_lower, log_ratio, mask) -> Stats:
+def _stats(clipfrac: torch.Tensor | None, clipfrac_lower: torch.Tensor | None, log_ratio: torch.Tensor,
+           mask: torch.Tensor) -> Stats:
     zero = torch.zeros((), device=mask.device)
     return {"pg_clipfrac": zero if clipfrac is None else clipfrac.detach(),
             "pg_clipfrac_lower": zero if clipfrac_lower is None else clipfrac_lower.detach(),
@@ -80,10 +84,12 @@ def _weighted(losses: torch.Tensor, weights: torch.Tensor | None) -> torch.Tenso
 
 
 @register_policy_loss("gspo")
-def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                     loss_agg_mode="token-mean", num_tokens=None, clip_ratio_c=None, weights=None,
-                     num_seqs=None, horizon=None, config: PolicyLossConfig | None = None
-                     ) -> tuple[torch.Tensor, Stats]:
+def gspo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                     loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
+                     clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
+                     num_seqs: float | None = None, horizon: float | None = None,
+                     config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
     """GSPO: PPO clip on the sequence-level ratio exp(mean_t log ratio), seq-mean-token-mean."""
     log_ratio = logprobs - old_logprobs
     lengths = mask.sum(dim=-1).clamp(min=1.0)
@@ -98,10 +104,12 @@ def gspo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio_low=0.
 
 
 @register_policy_loss("cispo")
-def cispo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                      loss_agg_mode="token-mean", num_tokens=None, clip_ratio_c=None, weights=None,
-                      num_seqs=None, horizon=None, config: PolicyLossConfig | None = None
-                      ) -> tuple[torch.Tensor, Stats]:
+def cispo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                      mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                      loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
+                      clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
+                      num_seqs: float | None = None, horizon: float | None = None,
+                      config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
     """CISPO: -sg(clip(ratio)) * A * logp; the weight is clipped, no token loses its gradient."""
     log_ratio = _log_ratio(logprobs, old_logprobs)
     ratio = torch.exp(log_ratio)
@@ -112,10 +120,12 @@ def cispo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio_low=0
 
 
 @register_policy_loss("sapo")
-def sapo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                     loss_agg_mode="token-mean", num_tokens=None, clip_ratio_c=None, weights=None,
-                     num_seqs=None, horizon=None, config: PolicyLossConfig | None = None
-                     ) -> tuple[torch.Tensor, Stats]:
+def sapo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                     loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
+                     clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
+                     num_seqs: float | None = None, horizon: float | None = None,
+                     config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
     """SAPO: -(4 / tau) sigmoid(tau (ratio - 1)) * A, tau by the sign of A; seq-mean-token-mean."""
     tau_pos, tau_neg = (1.0, 1.05) if config is None else (config.tau_pos, config.tau_neg)
     log_ratio = _log_ratio(logprobs, old_logprobs)
@@ -128,10 +138,12 @@ def sapo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio_low=0.
 
 
 @register_policy_loss("gmpo")
-def gmpo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                     loss_agg_mode="token-mean", num_tokens=None, clip_ratio_c=None, weights=None,
-                     num_seqs=None, horizon=None, config: PolicyLossConfig | None = None
-                     ) -> tuple[torch.Tensor, Stats]:
+def gmpo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                     loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
+                     clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
+                     num_seqs: float | None = None, horizon: float | None = None,
+                     config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
     """GMPO: per sequence -mean_t(A) * exp(mean_t clipped log ratio), averaged over sequences."""
     log_ratio = logprobs - old_logprobs
     sign = torch.sign(advantages)
@@ -157,10 +169,12 @@ register_policy_loss("geo_mean", gmpo_policy_loss)  # verl's name for GMPO
 
 
 @register_policy_loss("gpg")
-def gpg_policy_loss(logprobs, old_logprobs, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-                    loss_agg_mode="token-mean", num_tokens=None, clip_ratio_c=None, weights=None,
-                    num_seqs=None, horizon=None, config: PolicyLossConfig | None = None
-                    ) -> tuple[torch.Tensor, Stats]:
+def gpg_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                    mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                    loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
+                    clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
+                    num_seqs: float | None = None, horizon: float | None = None,
+                    config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
     """GPG: the plain policy gradient -A * logp, aggregated with `loss_agg_mode`."""
     losses = _weighted(-advantages * logprobs, weights)
     loss = aggregate(losses, mask, loss_agg_mode, num_tokens, num_seqs, horizon)

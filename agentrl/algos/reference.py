@@ -1,7 +1,7 @@
 """Plain-loop reference advantage estimators, used only by tests to check the vectorised ones.
 
 Each public estimator here mirrors the one of the same name in `agentrl.algos.advantages`:
-same signature, same semantics and the same edge cases as that module's docstring (its spec),
+same input record, same semantics and the same edge cases as that module's docstring (its spec),
 but written as explicit Python loops over rows and positions in Python floats, so that it can
 be read against the spec line by line. Nothing in training imports this module.
 
@@ -13,17 +13,15 @@ the first turn belong to no turn.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
-from agentrl.config import AlgorithmConfig
+from agentrl.algos.estimator import Estimate, Estimator, EstimatorInput
 
 EPS = 1e-6
 WHITEN_EPS = 1e-8
 
 Rows = list[list[float]]
-Estimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 # ---------------------------------------------------------------------------- small helpers
@@ -151,15 +149,13 @@ def turn_scores(rewards: Rows, mask: Rows, turn: bool, gamma: float) -> list[lis
             for r, m in zip(rewards, mask)]
 
 
-def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-         values: torch.Tensor | None, config: AlgorithmConfig,
-         state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def grpo(x: EstimatorInput) -> Estimate:
     """GRPO: (score - group mean) / (group std + eps); a group of one keeps its raw score.
 
     Turn credit: turn k against turn k of the group's episodes (raw where it is alone)."""
-    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
-    turn = config.credit == "turn"
-    scores = turn_scores(rewards, mask, turn, config.gamma)
+    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
+    turn = x.config.credit == "turn"
+    scores = turn_scores(rewards, mask, turn, x.config.gamma)
     adv: list[Rows] = [[] for _ in rewards]
     for rows in groups(ids).values():
         for row in rows:
@@ -167,20 +163,18 @@ def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.
             for k, g in enumerate(scores[row]):
                 pool = depth_pool(scores, rows, k) if turn else [scores[other][0] for other in rows]
                 mean, std = mean_std(pool) if len(pool) > 1 else (0.0, 1.0)
-                adv[row].append((g - mean) / (std + EPS) if config.norm_adv_by_std_in_grpo else g - mean)
-    out = _tensor(_spread(adv, mask), token_rewards)
+                adv[row].append((g - mean) / (std + EPS) if x.config.norm_adv_by_std_in_grpo else g - mean)
+    out = _tensor(_spread(adv, mask), x.token_rewards)
     return out, out
 
 
-def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-         values: torch.Tensor | None, config: AlgorithmConfig,
-         state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rloo(x: EstimatorInput) -> Estimate:
     """RLOO: score minus the mean score of the group's other episodes (baseline 0 if none).
 
     Turn credit: turn k against turn k of the group's other episodes."""
-    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
-    turn = config.credit == "turn"
-    scores = turn_scores(rewards, mask, turn, config.gamma)
+    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
+    turn = x.config.credit == "turn"
+    scores = turn_scores(rewards, mask, turn, x.config.gamma)
     adv: list[Rows] = [[] for _ in rewards]
     for rows in groups(ids).values():
         for row in rows:
@@ -189,7 +183,7 @@ def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.
             for k, g in enumerate(scores[row]):
                 pool = depth_pool(scores, others, k) if turn else [sum(rewards[o]) for o in others]
                 adv[row].append(g - (sum(pool) / len(pool) if pool else 0.0))
-    out = _tensor(_spread(adv, mask), token_rewards)
+    out = _tensor(_spread(adv, mask), x.token_rewards)
     return out, out
 
 
@@ -203,28 +197,23 @@ def token_returns(reward_row: list[float], mask_row: list[float], gamma: float) 
     return out
 
 
-def reinforce_plus_plus(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-                        values: torch.Tensor | None, config: AlgorithmConfig,
-                        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_plus_plus(x: EstimatorInput) -> Estimate:
     """REINFORCE++: discounted returns whitened over the batch; returns are the unwhitened ones."""
-    rewards, mask = _rows(token_rewards), _rows(response_mask)
-    if config.credit == "turn":
-        returns = _spread([turn_returns(r, m, config.gamma) for r, m in zip(rewards, mask)], mask)
+    rewards, mask = _rows(x.token_rewards), _rows(x.response_mask)
+    if x.config.credit == "turn":
+        returns = _spread([turn_returns(r, m, x.config.gamma) for r, m in zip(rewards, mask)], mask)
     else:
-        returns = [token_returns(r, m, config.gamma) for r, m in zip(rewards, mask)]
-    return _tensor(whiten(returns, mask), token_rewards), _tensor(returns, token_rewards)
+        returns = [token_returns(r, m, x.config.gamma) for r, m in zip(rewards, mask)]
+    return _tensor(whiten(returns, mask), x.token_rewards), _tensor(returns, x.token_rewards)
 
 
-def reinforce_plus_plus_baseline(token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                                 index: torch.Tensor, values: torch.Tensor | None,
-                                 config: AlgorithmConfig,
-                                 state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_plus_plus_baseline(x: EstimatorInput) -> Estimate:
     """REINFORCE++-baseline: score minus its group mean (0 for a group of one), then whitened.
 
     Turn credit: turn k minus the mean of turn k over the group (0 where it is alone)."""
-    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
-    turn = config.credit == "turn"
-    scores = turn_scores(rewards, mask, turn, config.gamma)
+    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
+    turn = x.config.credit == "turn"
+    scores = turn_scores(rewards, mask, turn, x.config.gamma)
     centered: list[Rows] = [[] for _ in rewards]
     for rows in groups(ids).values():
         for row in rows:
@@ -232,21 +221,19 @@ def reinforce_plus_plus_baseline(token_rewards: torch.Tensor, response_mask: tor
             for k, g in enumerate(scores[row]):
                 pool = depth_pool(scores, rows, k) if turn else [sum(rewards[o]) for o in rows]
                 centered[row].append(g - (sum(pool) / len(pool) if len(pool) > 1 else 0.0))
-    out = _tensor(whiten(_spread(centered, mask), mask), token_rewards)
+    out = _tensor(whiten(_spread(centered, mask), mask), x.token_rewards)
     return out, out
 
 
-def gae(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-        values: torch.Tensor | None, config: AlgorithmConfig,
-        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(x: EstimatorInput) -> Estimate:
     """GAE over generated ids (token) or over turns (turn); advantages whitened, returns A + V."""
-    if values is None:
+    if x.values is None:
         raise ValueError("gae needs critic values")
-    rewards, mask, vals = _rows(token_rewards), _rows(response_mask), _rows(values)
-    gamma, lam = config.gamma, config.lam
+    rewards, mask, vals = _rows(x.token_rewards), _rows(x.response_mask), _rows(x.values)
+    gamma, lam = x.config.gamma, x.config.lam
     adv, returns = _zeros(len(mask), len(mask[0]) if mask else 0), _zeros(len(mask), len(mask[0]) if mask else 0)
     for b, (rrow, mrow, vrow) in enumerate(zip(rewards, mask, vals)):
-        if config.credit == "turn":
+        if x.config.credit == "turn":
             starts = turn_starts(mrow)
             r_turn = turn_rewards(rrow, mrow)
             v_turn = [vrow[t] for t in starts]
@@ -267,7 +254,7 @@ def gae(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.T
                     adv[b][t] = next_adv = delta + gamma * lam * next_adv
                     returns[b][t] = adv[b][t] + vrow[t]
                     next_value = vrow[t]
-    return _tensor(whiten(adv, mask), token_rewards), _tensor(returns, token_rewards)
+    return _tensor(whiten(adv, mask), x.token_rewards), _tensor(returns, x.token_rewards)
 
 
 REFERENCE: dict[str, Estimator] = {
@@ -279,13 +266,11 @@ REFERENCE: dict[str, Estimator] = {
 }
 
 
-def reference_advantages(name: str, token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                         index: torch.Tensor, values: torch.Tensor | None, config: AlgorithmConfig,
-                         state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_advantages(name: str, inputs: EstimatorInput) -> Estimate:
     """Reference twin of `compute_advantages` (credit=outcome first moves rewards to the end)."""
-    if config.credit == "outcome":
-        token_rewards = outcome_rewards(token_rewards, response_mask)
-    return REFERENCE[name](token_rewards, response_mask, index, values, config, state_ids)
+    if inputs.config.credit == "outcome":
+        inputs = inputs.replace(token_rewards=outcome_rewards(inputs.token_rewards, inputs.response_mask))
+    return REFERENCE[name](inputs)
 
 
 # ---------------------------------------------------------------------------- episode-level (verl's names)
@@ -303,12 +288,10 @@ def _episode_out(per_row: list[float], mask: Rows, like: torch.Tensor) -> tuple[
     return out, out
 
 
-def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-        values: torch.Tensor | None, config: AlgorithmConfig,
-        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def opo(x: EstimatorInput) -> Estimate:
     """OPO: score minus sum_j len_j s_j / sum_j len_j over the group (0 for a group of one)."""
-    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
-    scores = [episode_score(r, m, config.credit == "turn", config.gamma) for r, m in zip(rewards, mask)]
+    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
+    scores = [episode_score(r, m, x.config.credit == "turn", x.config.gamma) for r, m in zip(rewards, mask)]
     lengths = [sum(m) for m in mask]
     adv = [0.0] * len(scores)
     for rows in groups(ids).values():
@@ -316,15 +299,13 @@ def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.T
         base = sum(lengths[o] * scores[o] for o in rows) / total if len(rows) > 1 and total > 0 else 0.0
         for row in rows:
             adv[row] = scores[row] - base
-    return _episode_out(adv, mask, token_rewards)
+    return _episode_out(adv, mask, x.token_rewards)
 
 
-def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-               values: torch.Tensor | None, config: AlgorithmConfig,
-               state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def grpo_passk(x: EstimatorInput) -> Estimate:
     """Pass@k: the first best row of each group gets (max - second max) [/ (std + eps)]."""
-    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
-    scores = [episode_score(r, m, config.credit == "turn", config.gamma) for r, m in zip(rewards, mask)]
+    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
+    scores = [episode_score(r, m, x.config.credit == "turn", x.config.gamma) for r, m in zip(rewards, mask)]
     adv = [0.0] * len(scores)
     for rows in groups(ids).values():
         if len(rows) < 2:
@@ -333,39 +314,35 @@ def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: 
         best = rows[pool.index(max(pool))]
         ordered = sorted(pool, reverse=True)
         gap = ordered[0] - ordered[1]
-        adv[best] = gap / (mean_std(pool)[1] + EPS) if config.norm_adv_by_std_in_grpo else gap
-    return _episode_out(adv, mask, token_rewards)
+        adv[best] = gap / (mean_std(pool)[1] + EPS) if x.config.norm_adv_by_std_in_grpo else gap
+    return _episode_out(adv, mask, x.token_rewards)
 
 
-def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-        values: torch.Tensor | None, config: AlgorithmConfig,
-        state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gpg(x: EstimatorInput) -> Estimate:
     """GPG: (B / #non-zero scores) * (score - group mean); a group of one has mean 0."""
-    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
-    scores = [episode_score(r, m, config.credit == "turn", config.gamma) for r, m in zip(rewards, mask)]
+    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
+    scores = [episode_score(r, m, x.config.credit == "turn", x.config.gamma) for r, m in zip(rewards, mask)]
     alpha = len(scores) / max(sum(1 for s in scores if s != 0), 1)
     adv = [0.0] * len(scores)
     for rows in groups(ids).values():
         mean = sum(scores[o] for o in rows) / len(rows) if len(rows) > 1 else 0.0
         for row in rows:
             adv[row] = alpha * (scores[row] - mean)
-    return _episode_out(adv, mask, token_rewards)
+    return _episode_out(adv, mask, x.token_rewards)
 
 
-def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor,
-          values: torch.Tensor | None, config: AlgorithmConfig,
-          state_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def remax(x: EstimatorInput) -> Estimate:
     """ReMax: reward-to-go (turn credit: G_k) minus the mean score of the group's other episodes."""
-    rewards, mask, ids = _rows(token_rewards), _rows(response_mask), index.tolist()
-    turn = config.credit == "turn"
-    scores = [episode_score(r, m, turn, config.gamma) for r, m in zip(rewards, mask)]
+    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
+    turn = x.config.credit == "turn"
+    scores = [episode_score(r, m, turn, x.config.gamma) for r, m in zip(rewards, mask)]
     adv, returns = _zeros(len(mask), len(mask[0]) if mask else 0), _zeros(len(mask), len(mask[0]) if mask else 0)
     for rows in groups(ids).values():
         for row in rows:
             others = [scores[o] for o in rows if o != row]
             base = sum(others) / len(others) if others else 0.0
             if turn:
-                per_turn = turn_returns(rewards[row], mask[row], config.gamma)
+                per_turn = turn_returns(rewards[row], mask[row], x.config.gamma)
                 to_go = [per_turn[k - 1] if mask[row][t] > 0 else 0.0 for t, k in enumerate(turn_of(mask[row]))]
             else:  # undiscounted sum of the generated ids' rewards from t on
                 to_go = [sum(r * m for r, m in zip(rewards[row][t:], mask[row][t:])) if mask[row][t] > 0 else 0.0
@@ -373,7 +350,7 @@ def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor, index: torch
             for t, m in enumerate(mask[row]):
                 if m > 0:
                     returns[row][t], adv[row][t] = to_go[t], to_go[t] - base
-    return _tensor(adv, token_rewards), _tensor(returns, token_rewards)
+    return _tensor(adv, x.token_rewards), _tensor(returns, x.token_rewards)
 
 
 REFERENCE.update({"opo": opo, "grpo_passk": grpo_passk, "gpg": gpg, "remax": remax})

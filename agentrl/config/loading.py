@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
+from agentrl.atomic import write_atomic
 from agentrl.config.checks import validate
 from agentrl.config.paths import expand_paths
 from agentrl.config.schema import Config
@@ -60,8 +61,8 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write the resolved config as YAML (whole or not at all: a resume rewrites it and reads it back)."""
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def field_docs(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenizers import Tokenizer
+import tokenizers
 
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import TokenRecord
 
 NOT_PREFIX_PRESERVING = (
@@ -38,7 +39,7 @@ NOT_PREFIX_PRESERVING = (
 class Conversation:
     """One episode's token sequence, loss mask, behaviour logprobs and per-turn rewards."""
 
-    tokenizer: object
+    tokenizer: Tokenizer
     messages: list[dict] = field(default_factory=list)
     record: TokenRecord = field(default_factory=TokenRecord)  # the ids, mask, logprobs, rewards so far
     _rendered: str = ""
@@ -178,7 +179,7 @@ def completion_versions(completion: Completion) -> list[int]:
     return list(completion.versions) or [completion.policy_version] * len(completion.token_ids)
 
 
-def encode_text(tokenizer, text: str) -> list[int]:
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     """`tokenizer.encode(text, add_special_tokens=False)`, through the Rust tokenizer directly
     when that call would reach it in its plain state (no padding, truncation or split specials).
 
@@ -186,7 +187,7 @@ def encode_text(tokenizer, text: str) -> list[int]:
     two or three short pieces per turn.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (isinstance(backend, Tokenizer) and not getattr(tokenizer, "split_special_tokens", False)
+    if (isinstance(backend, tokenizers.Tokenizer) and not getattr(tokenizer, "split_special_tokens", False)
             and not backend.encode_special_tokens and backend.padding is None and backend.truncation is None):
         return backend.encode(text, add_special_tokens=False).ids
     return tokenizer.encode(text, add_special_tokens=False)
@@ -216,7 +217,7 @@ class TokenBudget:
         return n, None
 
 
-def check_chat_template(tokenizer, system_prompt: str | None = None, turns: int = 3,
+def check_chat_template(tokenizer: Tokenizer, system_prompt: str | None = None, turns: int = 3,
                         feedback: tuple[str, ...] = ("Wrong, try again.",)) -> None:
     """Play the agent's conversation shape (system?, then user/assistant turns) through a
     `Conversation`; raise a one-line ConfigError if the template is not prefix-preserving."""

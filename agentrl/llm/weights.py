@@ -13,6 +13,8 @@ import torch
 from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file, save, save_file
 
+from agentrl.atomic import replacing
+
 
 def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """CPU tensors, none sharing storage (safetensors refuses tied weights as one buffer)."""
@@ -104,9 +106,8 @@ def from_weights_dir(path: str, folder: str | Path, limit: int) -> dict[str, tor
 def save_file_atomic(state: dict[str, torch.Tensor], path: Path) -> Path:
     """Write `state` as a safetensors file (via a temporary name, so a reader never sees half)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(_unshared(state), str(tmp))
-    tmp.replace(path)
+    with replacing(path) as tmp:
+        save_file(_unshared(state), str(tmp))
     return path
 
 

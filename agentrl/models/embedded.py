@@ -21,6 +21,7 @@ from agentrl.config import Config, to_dict
 from agentrl.errors import ConfigError
 from agentrl.models.loading import load_pretrained, save_pretrained
 from agentrl.registry import AGENTS, ENVS, Registry, load_builtins
+from agentrl.tokenizer import Tokenizer
 
 WARM_START_VERSION = 11  # bump when the warm-start recipe changes, to invalidate cached models
 
@@ -31,7 +32,7 @@ def cache_root(cfg: Config) -> Path:
     return Path(root).expanduser()
 
 
-def tiny_cache_key(cfg: Config, tokenizer: Any = None) -> str:
+def tiny_cache_key(cfg: Config, tokenizer: Tokenizer | None = None) -> str:
     """Hash of everything the warm-started tiny model depends on (a user-given tokenizer too).
 
     Env and agent args are hashed with their constructors' defaults filled in: a config that
@@ -67,8 +68,8 @@ def effective_args(registry: Registry, name: str, args: dict[str, Any]) -> dict[
     return {**out, **args}
 
 
-def load_embedded(cfg: Config, build: Callable[[Path], tuple[Any, Any]], log: Callable[[str], None],
-                  tokenizer: Any = None) -> tuple[Any, Any]:
+def load_embedded(cfg: Config, build: Callable[[Path], tuple[Any, Tokenizer]], log: Callable[[str], None],
+                  tokenizer: Tokenizer | None = None) -> tuple[Any, Tokenizer]:
     """(model, tokenizer) of the embedded default: the cached one for this config, else
     `build(tokenizer_dir)`'s, saved to the cache first; the tokenizer's `name_or_path` is a
     tokenizer folder (for seed agents' `tokenizer_path`); a given `tokenizer` replaces the built one."""
@@ -92,7 +93,7 @@ def load_embedded(cfg: Config, build: Callable[[Path], tuple[Any, Any]], log: Ca
     return model, tokenizer_folder(check_tokenizer(tokenizer, model), tokenizer_dir)
 
 
-def tokenizer_folder(tokenizer: Any, folder: Path, keep_own: bool = True) -> Any:
+def tokenizer_folder(tokenizer: Tokenizer, folder: Path, keep_own: bool = True) -> Tokenizer:
     """Give `tokenizer` a folder holding only the tokenizer (AutoTokenizer.from_pretrained then
     keeps the file's pipeline exactly; a model folder's config.json could make it pick another
     class), a folder `AutoTokenizer.from_pretrained` loads (saved there once) unless
@@ -112,7 +113,7 @@ def tokenizer_folder(tokenizer: Any, folder: Path, keep_own: bool = True) -> Any
     return tokenizer
 
 
-def fingerprint(tokenizer: Any) -> str:
+def fingerprint(tokenizer: Tokenizer) -> str:
     """A short hash of a tokenizer's vocabulary, special tokens and chat template (cache keys)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     text = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
@@ -120,7 +121,7 @@ def fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def check_tokenizer(tokenizer: Any, model: Any) -> Any:
+def check_tokenizer(tokenizer: Tokenizer, model: Any) -> Tokenizer:
     """A user-given tokenizer must fit the model's embedding; pad falls back to EOS."""
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:

@@ -10,6 +10,7 @@ import torch
 
 from agentrl.errors import ConfigError
 from agentrl.hub import offline
+from agentrl.tokenizer import Tokenizer
 
 offline()  # never reach for a hub: paths are local folders (also for callers that are no entry point)
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -17,7 +18,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def load_pretrained(path: str | Path, dtype: str = "float32"):
+def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[torch.nn.Module, Tokenizer]:
     """Load (model, tokenizer) from a local Hugging Face folder, with one-line errors."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -39,7 +40,7 @@ def load_pretrained(path: str | Path, dtype: str = "float32"):
     return model, tokenizer
 
 
-def _load_tokenizer(path: Path):
+def _load_tokenizer(path: Path) -> Tokenizer:
     """The tokenizer saved at `path`, with its tokenizer.json pipeline exactly as written.
 
     `AutoTokenizer` picks a class from config.json's model type when it can (Qwen2Tokenizer for
@@ -59,7 +60,7 @@ def _load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(path)
 
 
-def save_pretrained(model, tokenizer, path: str | Path) -> Path:
+def save_pretrained(model: torch.nn.Module, tokenizer: Tokenizer | None, path: str | Path) -> Path:
     """Write model (safetensors) and tokenizer to `path` atomically (temp folder, then rename)."""
     from transformers.utils import logging as hf_logging
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from agentrl.tokenizer import Tokenizer
+
 # Public config.json numbers of Qwen/Qwen2.5-0.5B(-Instruct) and Qwen/Qwen2.5-1.5B(-Instruct).
 QWEN_SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -57,7 +59,7 @@ GENERIC_CORPUS = [
 ]
 
 
-def qwen_config(shape: str, tokenizer: Any, **overrides: Any):
+def qwen_config(shape: str, tokenizer: Tokenizer, **overrides: Any):
     """The transformers Qwen2Config of `shape` (a key of QWEN_SHAPES), with `overrides` applied."""
     from transformers import Qwen2Config
 

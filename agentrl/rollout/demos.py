@@ -17,6 +17,7 @@ from typing import Any
 from agentrl.llm.engine import Completion, SamplingParams, episode_key
 from agentrl.rollout.collector import CollectResult, GuardedEnv, check_failed, guarded
 from agentrl.rollout.loop_thread import LoopThread
+from agentrl.tokenizer import Tokenizer
 
 
 class ScriptedClient:
@@ -27,7 +28,7 @@ class ScriptedClient:
     `reply_entropy` sums the entropy of every reply drawn since the last `reset_entropy()`.
     """
 
-    def __init__(self, tokenizer, make_env: Callable[[], Any] | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, make_env: Callable[[], Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self._make_env = make_env
         self._envs: dict[asyncio.Task, Any] = {}

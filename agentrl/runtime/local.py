@@ -52,7 +52,7 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
             save_config(cfg, run_dir / "config.yaml")
         with placed(cfg, run_dir, log, tokenizer, factories) as trainer:
             if resume:
-                trainer._restore()
+                trainer.restore()
                 if trainer.step_idx == 0:  # nothing to continue: say so rather than start over silently
                     every = f"every {cfg.trainer.save_freq} steps" if cfg.trainer.save_freq else "at its end"
                     log(f"agentrl: {run_dir} holds no checkpoint to resume from (this run saves one {every}, "
@@ -68,7 +68,7 @@ def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: An
            factories: dict[str, Callable[[], Any]]) -> Iterator[Any]:
     """The trainer of `cfg` (whose preflight gave `factories`): built in this process
     (runtime.kind=local), or its parts placed as Ray actors (runtime.kind=ray, runtime/ray/driver.py: a
-    handle with the same fit / _restore / step_idx)."""
+    handle with the same fit / restore / step_idx)."""
     if cfg.runtime.kind == "ray":
         from agentrl.runtime.ray.driver import ray_trainer
 

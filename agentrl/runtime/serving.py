@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from agentrl.atomic import write_atomic
 from agentrl.config import Config
 from agentrl.errors import ConfigError
 from agentrl.llm.local.engine import LocalEngine
@@ -66,11 +66,4 @@ def serve(cfg: Config, log: Callable[[str], None] = print) -> None:
 def write_secret(path: Path, text: str) -> Path:
     """Write `text` to `path`, readable by this user only (mode 0600 from its creation on, through
     a new temporary file renamed over `path`, so no one can open it in between)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, text + "\n", private=True)

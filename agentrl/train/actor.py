@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from agentrl.algos.losses import aggregate, behaviour_weights, kl_penalty, masked_mean
-from agentrl.algos.policy_losses import policy_loss
+from agentrl.algos.policy_losses import get_policy_loss
 from agentrl.config import ActorConfig
 from agentrl.models.lora import adapter_state, is_peft, load_adapter_state
 from agentrl.train.batch import Batch, micro_batches, mini_batches
@@ -63,7 +63,8 @@ def lr_factor(step: int, total: int, kind: str, warmup_ratio: float = 0.0, min_r
 
 class Actor:
     """Holds the policy model and its optimizer (over the trainable weights only: with LoRA, the
-    adapters; with bfloat16 weights, float32 master copies of them)."""
+    adapters; with bfloat16 weights, float32 master copies of them); the trainer's `Learner` in
+    one process."""
 
     def __init__(self, model: torch.nn.Module, cfg: ActorConfig, temperature: float,
                  horizon: float | None = None, packed: bool = False, parallel: DataParallel | None = None) -> None:
@@ -96,7 +97,7 @@ class Actor:
         return batch_logprobs(self.model, batch, self.options, self.temperature)
 
     # ------------------------------------------------------------------ weights
-    def engine_weights(self) -> dict[str, Any]:
+    def engine_weights(self) -> dict[str, torch.Tensor]:
         """What an engine needs to serve the current policy: the adapter state with LoRA (see
         models/lora.py), else the full state dict."""
         if is_peft(self.model):
@@ -162,10 +163,9 @@ class Actor:
         forward = self.parallel.module if self.parallel is not None else self.model
         logp, entropy = logprobs(forward, mb.input_ids, mb.attention_mask, self.temperature,
                                  self.options.packed, with_entropy=True, entropy_grad=bool(cfg.entropy_coeff))
-        loss, pg = policy_loss(cfg.policy_loss.loss_mode, logp, mb.old_logprobs, mb.advantages,
-                               mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
-                               cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w,
-                               config=cfg.policy_loss, **agg)
+        loss, pg = get_policy_loss(cfg.policy_loss.loss_mode)(
+            logp, mb.old_logprobs, mb.advantages, mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
+            cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w, config=cfg.policy_loss, **agg)
         terms = {f"{cfg.policy_loss.loss_mode} policy loss (loss/policy)": loss}
         if cfg.use_kl_loss:
             kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)

@@ -32,6 +32,7 @@ import torch
 from agentrl.config import Config, save_config
 from agentrl.errors import CheckpointError
 from agentrl.models.lora import ADAPTER_WEIGHTS
+from agentrl.tokenizer import Tokenizer
 
 PREFIX = "step_"
 MANIFEST = "manifest.json"  # sha256 and size of every other file of a checkpoint
@@ -55,7 +56,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(ckpt_root: Path, step: int, model, tokenizer, optimizer, state: dict[str, Any],
+def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, tokenizer: Tokenizer | None,
+                    optimizer: torch.optim.Optimizer, state: dict[str, Any],
                     keep: int = 2, config: Config | None = None) -> Path:
     """Write checkpoint `step` atomically (with its manifest, and `config` as run_config.yaml)
     and prune all but the newest `keep` of this run's steps.

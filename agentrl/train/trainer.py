@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from agentrl.algos.advantages import compute_advantages
+from agentrl.algos.estimator import EstimatorInput
 from agentrl.algos.kl_control import KLController
 from agentrl.algos.losses import kl_penalty, masked_mean
 from agentrl.config import Config, to_dict
@@ -33,10 +34,11 @@ from agentrl.rollout.collector import CollectResult, check_failed
 from agentrl.rollout.filters import informative_groups, top_variance_groups
 from agentrl.rollout.source import RolloutSource
 from agentrl.rollout.stats import by_tag, episode_stats, episodes, per_episode, tag_metrics, truncation_metrics
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Trajectory
-from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch, pack
 from agentrl.train.checkpoint import newest_readable, rng_state, save_checkpoint, set_rng_state
+from agentrl.train.learner import Learner
 from agentrl.train.watch import Watch
 
 ERRORS_NAME = "errors.jsonl"  # failed episode attempts of a run, one JSON line each
@@ -45,11 +47,11 @@ ERRORS_NAME = "errors.jsonl"  # failed episode attempts of a run, one JSON line 
 class Trainer:
     """Runs `Config.trainer.total_steps` steps of collect / update / sync."""
 
-    def __init__(self, cfg: Config, actor: Actor, rollout: RolloutSource, tokenizer: Any, run_dir: Path,
+    def __init__(self, cfg: Config, actor: Learner, rollout: RolloutSource, tokenizer: Tokenizer, run_dir: Path,
                  eval_baselines: dict[str, Callable[[list[Trajectory]], dict[str, float]]] | None = None,
                  reference: Any = None, critic: Any = None) -> None:
         self.cfg = cfg
-        self.actor = actor
+        self.actor = actor  # the policy it updates: an Actor, or Ray's ShardedActor
         self.rollout = rollout  # plays the episodes and serves the weights the actor trains
         self.tokenizer = tokenizer
         self.run_dir = Path(run_dir)
@@ -73,7 +75,7 @@ class Trainer:
         """Train to `total_steps`, evaluating before and after; returns the summary."""
         t0 = time.perf_counter()
         if resume and not self._restored:
-            self._restore()
+            self.restore()
         self.logger = MetricsLogger(self.run_dir, loggers=self.cfg.trainer.logger,
                                     total_steps=self.cfg.trainer.total_steps,
                                     show_progress=self.cfg.trainer.progress,
@@ -207,9 +209,10 @@ class Trainer:
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Advantages and returns from the configured estimator."""
-        return compute_advantages(self.cfg.algorithm.adv_estimator, batch.token_rewards, batch.loss_mask,
-                                  batch.group_index, batch.values, self.cfg.algorithm, batch.state_ids,
-                                  reward_baselines=batch.reward_baselines)
+        alg = self.cfg.algorithm
+        return compute_advantages(alg.adv_estimator, EstimatorInput(
+            batch.token_rewards, batch.loss_mask, batch.group_index, batch.values, alg, batch.state_ids,
+            batch.reward_baselines))
 
     def sync(self) -> None:
         """Push the updated weights to the engine, so the next rollouts use them."""
@@ -287,7 +290,8 @@ class Trainer:
         save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
                         self.actor.optimizer, state, keep=self.cfg.trainer.max_checkpoints, config=self.cfg)
 
-    def _restore(self) -> None:
+    def restore(self) -> None:
+        """Continue from the run folder's newest readable checkpoint (none: stay at step 0)."""
         self._restored = True
         # The newest checkpoint that loads: a torn or corrupt newer one is skipped with a warning.
         found = newest_readable(self.run_dir / "checkpoints", self.log)

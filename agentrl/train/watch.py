@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -20,10 +19,11 @@ from agentrl.config import Config
 from agentrl.dumps import TrajectoryDumper, cut_dumps
 from agentrl.errors import CollapseError
 from agentrl.health import MIN_INPUTS, Alarm, Monitor, cross_inputs, group_signals, input_dependence, reply_repeat
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Trajectory
-from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch
 from agentrl.train.checkpoint import list_checkpoints, step_of
+from agentrl.train.learner import Learner
 
 COLLAPSED_PREFIX = "collapsed_"
 
@@ -31,7 +31,7 @@ COLLAPSED_PREFIX = "collapsed_"
 class Watch:
     """Dumps and health checks of one run."""
 
-    def __init__(self, cfg: Config, run_dir: Path, tokenizer: Any, actor: Actor,
+    def __init__(self, cfg: Config, run_dir: Path, tokenizer: Tokenizer, actor: Learner,
                  log: Callable[[str], None] = print) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -95,7 +95,7 @@ class Watch:
         reply_ids = torch.zeros((n, width), dtype=torch.long)  # right-padded: pads only follow a reply
         for i, reply in enumerate(replies):
             reply_ids[i, :len(reply)] = torch.tensor(reply)
-        per_pass = max(1, 4 * self.actor.cfg.micro_batch_size // n)  # contexts per pass (times n rows)
+        per_pass = max(1, 4 * self.cfg.actor.micro_batch_size // n)  # contexts per pass (times n rows)
         out = [[0.0] * n for _ in range(n)]
         for start in range(0, n, per_pass):
             contexts = [c for c, _ in pairs[start:start + per_pass]]

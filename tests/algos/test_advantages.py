@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from agentrl.algos.advantages import compute_advantages, grpo
+from agentrl.algos.estimator import EstimatorInput
 from agentrl.config import AlgorithmConfig
 from agentrl.errors import RegistryError
 
@@ -60,8 +61,8 @@ def test_equal_rewards_give_zero_advantage():
 
 def test_unknown_estimator_lists_known():
     with pytest.raises(RegistryError, match="Known: .*grpo"):
-        compute_advantages("grpoo", torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1, dtype=torch.long),
-                           None, AlgorithmConfig(credit="outcome"))
+        compute_advantages("grpoo", EstimatorInput(torch.zeros(1, 2), torch.ones(1, 2),
+                                                    torch.zeros(1, dtype=torch.long), None, AlgorithmConfig()))
 
 
 def test_turn_returns_cross_observation_gaps():

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from agentrl.algos import reference
 from agentrl.algos.advantages import compute_advantages
+from agentrl.algos.estimator import EstimatorInput
 from agentrl.config import AlgorithmConfig
 
 NAMES = ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae"]
@@ -33,9 +34,9 @@ def _check(name, rewards, mask, index, adv, ret=None, values=None, state_ids=Non
     args = (_t(rewards), _t(mask), torch.tensor(index), None if values is None else _t(values),
             AlgorithmConfig(**cfg))
     sid = None if state_ids is None else torch.tensor(state_ids)
-    outputs = [compute_advantages(name, *args, state_ids=sid)]
+    outputs = [compute_advantages(name, EstimatorInput(*args, state_ids=sid))]
     if name in reference.REFERENCE:
-        outputs.append(reference.reference_advantages(name, *args))
+        outputs.append(reference.reference_advantages(name, EstimatorInput(*args)))
     for got_adv, got_ret in outputs:
         torch.testing.assert_close(got_adv, _t(adv), atol=1e-5, rtol=0)
         torch.testing.assert_close(got_ret, _t(adv if ret is None else ret), atol=1e-5, rtol=0)
@@ -171,8 +172,8 @@ def configs(credit):
 def test_vectorised_matches_reference(name, credit, data):
     rewards, mask, index, values = data.draw(batches())
     config = data.draw(configs(credit))
-    adv, ret = compute_advantages(name, rewards, mask, index, values, config)
-    ref_adv, ref_ret = reference.reference_advantages(name, rewards, mask, index, values, config)
+    adv, ret = compute_advantages(name, EstimatorInput(rewards, mask, index, values, config))
+    ref_adv, ref_ret = reference.reference_advantages(name, EstimatorInput(rewards, mask, index, values, config))
     torch.testing.assert_close(adv, ref_adv, atol=1e-5, rtol=0)
     torch.testing.assert_close(ret, ref_ret, atol=1e-5, rtol=0)
     assert torch.all(adv[mask == 0] == 0) and torch.all(ret[mask == 0] == 0)
@@ -183,7 +184,7 @@ def test_vectorised_matches_reference(name, credit, data):
 def test_grpo_advantages_sum_to_zero_in_each_group(batch, norm):
     rewards, mask, index, _ = batch
     config = AlgorithmConfig(credit="outcome", norm_adv_by_std_in_grpo=norm)
-    adv, _ = compute_advantages("grpo", rewards, mask, index, None, config)
+    adv, _ = compute_advantages("grpo", EstimatorInput(rewards, mask, index, None, config))
     per_seq = adv[torch.arange(len(index)), mask.argmax(dim=1)]  # every row has a generated id
     assert torch.equal(adv, per_seq[:, None] * mask)  # one scalar per sequence
     for group in index.unique():
@@ -280,7 +281,7 @@ VERL = {
 def test_matches_verl_on_single_turn_masks(name, batch, config):
     rewards, mask, index, values = batch  # rewards anywhere, padding and prompt included
     assume(mask.sum() >= 2)
-    got = compute_advantages(name, rewards, mask, index, values, config)
+    got = compute_advantages(name, EstimatorInput(rewards, mask, index, values, config))
     want = VERL[name](rewards, mask, index, values, config)
     on = mask > 0
     torch.testing.assert_close(got[0][on], want[0][on], atol=1e-5, rtol=0)  # advantages
@@ -292,7 +293,8 @@ def test_outcome_reward_reaches_earlier_turns_unlike_verl():
     # turn 1 = ids 1-2, observation 3-4, turn 2 = ids 5-6; outcome reward 1 at the end of turn 2
     mask, rewards = _t([[0, 1, 1, 0, 0, 1, 1, 0]]), _t([[0, 0, 0, 0, 0, 0, 1, 0]])
     config = AlgorithmConfig(credit="token", gamma=1.0)
-    adv, ret = compute_advantages("reinforce_plus_plus", rewards, mask, torch.tensor([0]), None, config)
+    adv, ret = compute_advantages("reinforce_plus_plus",
+                                  EstimatorInput(rewards, mask, torch.tensor([0]), None, config))
     verl_adv, verl_ret = _verl_rfpp(rewards, mask, 1.0)
     assert ret[0].tolist() == [0, 1, 1, 0, 0, 1, 1, 0]  # ours: turn 1 is credited with the outcome
     assert verl_ret[0, [1, 2, 5, 6]].tolist() == [0, 0, 1, 1]  # verl: restarted at the observation
@@ -314,16 +316,16 @@ LONE_EXPECTED = {"grpo": [[1, 1], [3, 3]], "reinforce_plus_plus_baseline": [[-0.
 @pytest.mark.parametrize("name", sorted(LONE_EXPECTED))
 def test_group_of_one_keeps_raw_score(name, credit):
     config = AlgorithmConfig(credit=credit)
-    adv, _ = compute_advantages(name, *LONE, config)
+    adv, _ = compute_advantages(name, EstimatorInput(*LONE, config))
     torch.testing.assert_close(adv, _t(LONE_EXPECTED[name]), atol=1e-5, rtol=0)
     if credit != "outcome":
-        ref, _ = reference.reference_advantages(name, *LONE, config)
+        ref, _ = reference.reference_advantages(name, EstimatorInput(*LONE, config))
         torch.testing.assert_close(ref, _t(LONE_EXPECTED[name]), atol=1e-5, rtol=0)
 
 
 def test_turn_credit_group_of_one_multi_turn_is_not_its_own_baseline():
     # one episode alone in its group, two turns with rewards 0.5 and 1: raw turn returns 1.5, 1
     rewards, mask = _t([[0, 0.5, 0, 0, 1]]), _t([[0, 1, 0, 1, 1]])
-    adv, _ = compute_advantages("grpo", rewards, mask, torch.tensor([7]), None,
-                                AlgorithmConfig(credit="turn", gamma=1.0))
+    adv, _ = compute_advantages("grpo", EstimatorInput(rewards, mask, torch.tensor([7]), None,
+                                                       AlgorithmConfig(credit="turn", gamma=1.0)))
     torch.testing.assert_close(adv, _t([[0, 1.5, 0, 1, 1]]) / (1 + 1e-6), atol=1e-6, rtol=0)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from agentrl.algos import reference
 from agentrl.algos.advantages import compute_advantages
+from agentrl.algos.estimator import EstimatorInput
 from agentrl.algos.outcome_estimators import remax_advantages
 from agentrl.config import AlgorithmConfig, load_config
 from agentrl.errors import ConfigError
@@ -22,8 +23,8 @@ def _t(rows):
 
 def _both(name, rewards, mask, index, **cfg):
     """(vectorised, reference) outputs for the same inputs."""
-    args = (_t(rewards), _t(mask), torch.tensor(index), None, AlgorithmConfig(**cfg))
-    return compute_advantages(name, *args), reference.reference_advantages(name, *args)
+    inputs = EstimatorInput(_t(rewards), _t(mask), torch.tensor(index), None, AlgorithmConfig(**cfg))
+    return compute_advantages(name, inputs), reference.reference_advantages(name, inputs)
 
 
 def _check(name, rewards, mask, index, adv, ret=None, **cfg):
@@ -69,8 +70,8 @@ def test_grpo_passk_by_hand():
 
 def test_grpo_passk_group_of_one_is_refused():
     with pytest.raises(ValueError, match="at least 2 episodes"):
-        compute_advantages("grpo_passk", _t([[1.0]]), _t([[1.0]]), torch.tensor([0]), None,
-                           AlgorithmConfig(credit="token"))
+        compute_advantages("grpo_passk", EstimatorInput(_t([[1.0]]), _t([[1.0]]), torch.tensor([0]), None,
+                                                         AlgorithmConfig(credit="token")))
     with pytest.raises(ConfigError, match="group_size >= 2"):
         load_config(None, ["algorithm.adv_estimator=grpo_passk", "rollout.group_size=1"])
 
@@ -94,8 +95,9 @@ def test_remax_in_a_run_subtracts_the_greedy_rollouts_reward():
     # verl's ReMax: b = the reward of the group's greedy episode (2.5 for group 0); a row without
     # one (NaN: row 2's group played none) falls back to the leave-one-out mean (0 for a group of one)
     mask, rewards = [[0, 1, 1, 1], [0, 1, 1, 1], [0, 1, 0, 0]], [[0, 1, 0, 2], [0, 0, 0, 1], [0, 4, 0, 0]]
-    adv, ret = compute_advantages("remax", _t(rewards), _t(mask), torch.tensor([0, 0, 1]), None,
-                                  AlgorithmConfig(credit="token"), reward_baselines=_t([2.5, 2.5, float("nan")]))
+    inputs = EstimatorInput(_t(rewards), _t(mask), torch.tensor([0, 0, 1]), None, AlgorithmConfig(credit="token"),
+                            reward_baselines=_t([2.5, 2.5, float("nan")]))
+    adv, ret = compute_advantages("remax", inputs)
     torch.testing.assert_close(ret, _t([[0, 3, 2, 2], [0, 1, 1, 1], [0, 4, 0, 0]]))
     torch.testing.assert_close(adv, _t([[0, 0.5, -0.5, -0.5], [0, -1.5, -1.5, -1.5], [0, 4, 0, 0]]))
 
@@ -142,8 +144,8 @@ def test_vectorised_matches_reference(name, credit, data):
     rewards, mask, index = data.draw(batches())
     config = AlgorithmConfig(credit=credit, gamma=data.draw(st.sampled_from([1.0, 0.5])),
                              norm_adv_by_std_in_grpo=data.draw(st.booleans()))
-    adv, ret = compute_advantages(name, rewards, mask, index, None, config)
-    ref_adv, ref_ret = reference.reference_advantages(name, rewards, mask, index, None, config)
+    adv, ret = compute_advantages(name, EstimatorInput(rewards, mask, index, None, config))
+    ref_adv, ref_ret = reference.reference_advantages(name, EstimatorInput(rewards, mask, index, None, config))
     torch.testing.assert_close(adv, ref_adv, atol=1e-5, rtol=0)
     torch.testing.assert_close(ret, ref_ret, atol=1e-5, rtol=0)
     assert torch.all(adv[mask == 0] == 0) and torch.all(ret[mask == 0] == 0)
@@ -188,5 +190,5 @@ def test_matches_verl_on_outcome_scores(batch, norm):
     scores, ids = rewards.sum(-1), index.tolist()
     for name, want in [("opo", _verl_opo(scores, mask.sum(-1), ids)), ("gpg", _verl_gpg(scores, ids)),
                        ("grpo_passk", _verl_passk(scores, ids, norm))]:
-        adv, _ = compute_advantages(name, rewards, mask, index, None, config)
+        adv, _ = compute_advantages(name, EstimatorInput(rewards, mask, index, None, config))
         torch.testing.assert_close(adv, want.unsqueeze(-1) * mask, atol=1e-5, rtol=0)

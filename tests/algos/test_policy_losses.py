@@ -176,3 +176,16 @@ def test_cli_names_the_unknown_loss_mode_in_one_line(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path)  # not the checkout: its runs/ may hold a run
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "actor.policy_loss.loss_mode" in res.stderr
+
+
+def test_every_policy_loss_has_the_one_typed_signature():
+    """Each registered loss takes PolicyLoss's parameters: same names, order, defaults and hints."""
+    import inspect
+
+    from agentrl.algos.losses import PolicyLoss
+
+    want = list(inspect.signature(PolicyLoss.__call__).parameters.values())[1:]  # without self
+    for name in POLICY_LOSSES.names():
+        got = list(inspect.signature(POLICY_LOSSES.get(name)).parameters.values())
+        assert [(p.name, p.default, p.annotation) for p in got] == \
+            [(p.name, p.default, p.annotation) for p in want], name

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from agentrl.config import ActorConfig, load_config
+from agentrl.config import load_config
 from agentrl.train.actor import Actor, token_logprobs
 from agentrl.train.watch import Watch
 
@@ -11,8 +11,8 @@ from agentrl.train.watch import Watch
 @pytest.mark.parametrize("micro_batch_size", [1, 16])  # one context per pass, or all in one
 def test_cross_scoring_with_a_shared_cache_equals_scoring_whole_sequences(tiny_model, tiny_tokenizer, tmp_path,
                                                                          micro_batch_size):
-    actor = Actor(tiny_model, ActorConfig(micro_batch_size=micro_batch_size), temperature=0.7)
-    watch = Watch(load_config(None, []), tmp_path, tiny_tokenizer, actor)
+    cfg = load_config(None, [f"actor.micro_batch_size={micro_batch_size}"])
+    watch = Watch(cfg, tmp_path, tiny_tokenizer, Actor(tiny_model, cfg.actor, temperature=0.7))
     enc = tiny_tokenizer.encode
     pairs = [(enc("user\nP _ _ _\n_ O _ O"), enc("<answer>Left</answer>")),
              (enc("user\nFrozenLake. Move P to G"), enc("<answer>Down")),

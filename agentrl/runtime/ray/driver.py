@@ -110,7 +110,7 @@ def actor_config(cfg: Config, run_dir: Path) -> Config:
 def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
                 tokenizer: Any = None, factories: dict[str, Callable] | None = None) -> Iterator[RayRun]:
     """The run's parts placed on Ray; yields what the local runtime's trainer offers (fit,
-    _restore, step_idx), and stops every actor at the end (`factories`: the env factories of a
+    restore, step_idx), and stops every actor at the end (`factories`: the env factories of a
     preflight the caller already ran)."""
     ray = require_ray()
     if factories is None:
@@ -265,7 +265,7 @@ class RayRun:
         """The last step trained."""
         return self._get(self.rank0.step.remote())
 
-    def _restore(self) -> None:
+    def restore(self) -> None:
         """Rank 0 continues from the newest readable checkpoint."""
         self._get(self.rank0.restore.remote())
 

@@ -24,6 +24,7 @@ from agentrl.runtime.ray.workers import SharedSpec, free_address, load_model, no
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch
 from agentrl.train.parallel import DataParallel, init_group, merge_stats
+from agentrl.train.precision import MasterWeights
 from agentrl.train.trainer import Trainer
 
 
@@ -88,22 +89,39 @@ class TrainWorkerActor(TrainRank):
 
 
 class ShardedActor:
-    """What the trainer holds as its actor when there are several ranks: rank 0's `Actor`, whose
-    update also runs on every other rank (each on its share), statistics merged."""
+    """The trainer's `Learner` (train/learner.py) when there are several ranks: rank 0's `Actor`,
+    whose update also runs on every other rank (each on its share), statistics merged. What is
+    not an update is rank 0's alone: its model, optimizer and master copies are checkpointed."""
 
     def __init__(self, local: Actor, workers: list[Any]) -> None:
         self.local = local
         self.workers = workers
-        self.model = local.model
-        self.optimizer = local.optimizer
-        self.master = local.master  # float32 master copies, checkpointed from rank 0
-        self.cfg = local.cfg
         self._lr = local.cfg.lr
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """Rank 0's model."""
+        return self.local.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Rank 0's optimizer."""
+        return self.local.optimizer
+
+    @property
+    def master(self) -> MasterWeights:
+        """Rank 0's float32 master copies (every rank holds the same)."""
+        return self.local.master
 
     @property
     def device(self) -> torch.device:
         """Where rank 0's model lives."""
         return self.local.device
+
+    @property
+    def temperature(self) -> float:
+        """The temperature rank 0 computes logprobs at."""
+        return self.local.temperature
 
     def schedule(self, step: int, total: int) -> float:
         """Set the learning rate (every rank gets it with the next update)."""
@@ -238,7 +256,7 @@ class TrainerActor(TrainRank):
 
     def restore(self) -> int:
         """Continue from the run folder's newest readable checkpoint; returns its step."""
-        self.trainer._restore()  # noqa: SLF001 (the local runtime's resume path, unchanged)
+        self.trainer.restore()  # the local runtime's resume path, unchanged
         return self.trainer.step_idx
 
     def step(self) -> int:

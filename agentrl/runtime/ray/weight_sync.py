@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.atomic import replacing
+
 BUCKET_BYTES = 256 * 2**20  # broadcast buckets: bounded extra memory for large models
 _NUMPY_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16}  # dtypes numpy cannot hold
 
@@ -158,7 +160,6 @@ class FileTransport:
 
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"weights-v{version}-{uuid.uuid4().hex[:8]}.safetensors"
-        tmp = path.with_suffix(".tmp")
         seen: set[int] = set()
         tensors = {}
         for k in sorted(weights):  # tied weights share storage; safetensors wants each stored once
@@ -166,8 +167,8 @@ class FileTransport:
             ptr = t.untyped_storage().data_ptr()
             tensors[k] = t.clone() if ptr in seen else t
             seen.add(ptr)
-        save_file(tensors, str(tmp), metadata={"policy_version": str(version)})
-        os.replace(tmp, path)
+        with replacing(path) as tmp:
+            save_file(tensors, str(tmp), metadata={"policy_version": str(version)})
         return WeightPayload(version, self.name, layout_of(weights), nbytes_of(weights), location=str(path))
 
     @contextlib.contextmanager
