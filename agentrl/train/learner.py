@@ -1,6 +1,6 @@
 """The policy as the trainer sees it: the `Learner` protocol.
 
-`Actor` (train/actor.py) is one in one process; `ShardedActor` (runtime/train_actors.py) is one
+`Actor` (train/actor.py) is one in one process; `ShardedActor` (runtime/ray/train_actors.py) is one
 over several Ray trainer ranks, rank 0's `Actor` plus the ranks it drives. The trainer and its
 watch hold a `Learner` and never ask which they have.
 """

@@ -4,7 +4,7 @@ both are one, so the trainer and its health checks run unchanged over several tr
 import torch
 
 from agentrl.config import load_config
-from agentrl.runtime.train_actors import ShardedActor
+from agentrl.runtime.ray.train_actors import ShardedActor
 from agentrl.train.actor import Actor
 from agentrl.train.learner import Learner
 from agentrl.train.watch import Watch
