@@ -79,11 +79,23 @@ def test_the_checker_sees_imports(tmp_path):
     assert _imports(f) == {"torch", "train"}
 
 
-def test_modules_stay_small():
-    """Small modules with one job (STYLE.md): none over 400 lines, so each reads in one sitting."""
+def test_every_module_says_its_one_job():
+    """Modules are cut by job (STYLE.md): each opens with a docstring whose first line names that
+    job, so a reader finds a room from the tree and a file from its first line."""
+    vague = {}
+    for p in ROOT.rglob("*.py"):
+        doc = ast.get_docstring(ast.parse(p.read_text())) or ""
+        first = doc.strip().splitlines()[0] if doc.strip() else ""
+        if len(first.split()) < 3:
+            vague[str(p.relative_to(ROOT))] = first
+    assert not vague, f"modules without a first docstring line naming their job: {vague}"
+
+
+def test_no_module_grows_past_a_sitting():
+    """A generous size warning, not a cut: a module past 600 lines holds more than one job."""
     long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 400}
-    assert not long, f"modules over 400 lines: {long}; split them by job"
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"modules over 600 lines: {long}; split them by job"
 
 
 def test_the_trainer_never_asks_which_rollout_or_engine_it_has():
