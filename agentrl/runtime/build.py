@@ -1,8 +1,9 @@
-"""Building the parts of a run from a config, in three pieces: the policy (model, tokenizer,
-after every model-free check), the rollout side (engine, agents, collector, task source,
-rollout source) and the learning side (actor, reference, critic); then the trainer that holds
-them. Where they run is the caller's business: runtime/local.py runs all of them in this
-process; a runtime that places the engine elsewhere replaces `build_rollout`."""
+"""Building the parts of a run from a config and its plan (runtime/plan.py: env factories,
+groups, horizon, made once after every model-free check), in three pieces: the policy (model,
+tokenizer), the rollout side (engine, agents, collector, task source, rollout source) and the
+learning side (actor, reference, critic); then the trainer that holds them. Where they run is
+the caller's business: runtime/local.py runs all of them in this process; a runtime that places
+the engine elsewhere replaces `build_rollout`."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.algos.advantages import uses_greedy_baseline
-from agentrl.algos.policy_losses import check_loss_mode
 from agentrl.config import Config
 from agentrl.envs.service import close_env
 from agentrl.errors import ConfigError
@@ -26,7 +25,7 @@ from agentrl.rollout.source import RolloutSource, rollout_source
 from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.engines import make_engine
 from agentrl.runtime.envs import check_templates, make_budget, make_collector
-from agentrl.runtime.preflight import preflight
+from agentrl.runtime.plan import RunPlan, needs_reference, plan, update_horizon
 from agentrl.runtime.threads import pin_threads
 from agentrl.runtime.warm import load_policy, model_context, model_vocab
 from agentrl.train.actor import Actor, Reference
@@ -64,10 +63,10 @@ class RunParts:
 
 
 def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print, tokenizer: Any = None,
-                  factories: dict[str, Callable] | None = None) -> Trainer:
+                  run_plan: RunPlan | None = None) -> Trainer:
     """The trainer of `cfg`, with every part built here (with `tokenizer` instead of the model's
-    own when given; `factories`: the env factories of a preflight the caller already ran)."""
-    parts = build_parts(cfg, log, tokenizer, factories)
+    own when given; `run_plan`: the plan of `cfg` the caller already made)."""
+    parts = build_parts(cfg, log, tokenizer, run_plan)
     trainer = Trainer(cfg, parts.actor, parts.rollout, parts.tokenizer, run_dir, eval_baselines=parts.eval_baselines,
                       reference=parts.reference, critic=parts.critic)
     trainer.log = log
@@ -75,47 +74,45 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
 
 
 def build_parts(cfg: Config, log: Callable[[str], None] = print, tokenizer: Any = None,
-                factories: dict[str, Callable] | None = None) -> RunParts:
+                run_plan: RunPlan | None = None) -> RunParts:
     """Check the config, then build the policy, the rollout side and the learning side.
 
     The order of the steps that draw random numbers is fixed: the same config and seed give
     the same parts."""
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
-    model, tokenizer, factories = build_policy(cfg, log, tokenizer, factories)
+    model, tokenizer, run_plan = build_policy(cfg, log, tokenizer, run_plan)
     model.to(device)
     seed_everything(cfg.seed)
-    rollout = build_rollout(cfg, model, tokenizer, factories, device)
+    rollout = build_rollout(cfg, model, tokenizer, run_plan, device)
     actor, reference, critic = build_learners(cfg, model, device)
-    return RunParts(tokenizer, rollout, actor, reference, critic, eval_baselines(factories))
+    return RunParts(tokenizer, rollout, actor, reference, critic, eval_baselines(run_plan.factories))
 
 
 def build_policy(cfg: Config, log: Callable[[str], None], tokenizer: Any = None,
-                 factories: dict[str, Callable] | None = None) -> tuple[Any, Any, dict[str, Callable]]:
-    """(model, tokenizer, env factories per tag), after every check that needs no model (run
-    here unless `factories` comes from a preflight the caller ran); from here on this process
-    computes with the run's torch threads (the warm start included)."""
+                 run_plan: RunPlan | None = None) -> tuple[Any, Any, RunPlan]:
+    """(model, tokenizer, the run's plan), after every check that needs no model (the plan is
+    made here unless the caller made it); from here on this process computes with the run's
+    torch threads (the warm start included)."""
     pin_threads(cfg.runtime.num_threads)
-    if factories is None:
-        factories = preflight(cfg)  # every model-free check, before the model is built or warm-started
-    check_loss_mode(cfg.actor.policy_loss.loss_mode)  # after `imports`, which may register modes
-    model, tokenizer = load_policy(cfg, factories, log, tokenizer)
+    if run_plan is None:
+        run_plan = plan(cfg, tokenizer)  # every model-free check, before the model is built or warm-started
+    model, tokenizer = load_policy(cfg, run_plan, log, tokenizer)
     check_templates(cfg, tokenizer)
-    return model, tokenizer, factories
+    return model, tokenizer, run_plan
 
 
-def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, Callable],
-                  device: torch.device) -> RolloutSource:
+def build_rollout(cfg: Config, model: Any, tokenizer: Any, run_plan: RunPlan, device: torch.device) -> RolloutSource:
     """The engine (a copy of `model`, or the servers of engine.urls), the agents and envs of every
     tag, and the rollout source that plays them; a runtime that places the engine elsewhere
     replaces this."""
     engine = make_engine(cfg, model, tokenizer, device)  # in this process, or the servers of engine.urls
     budget = make_budget(cfg, model_context(model))
-    collector = make_collector(cfg, tokenizer, factories, engine, budget, model_vocab(model))
-    tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")), tuple(cfg.group_tags("val")),
-                       greedy_baselines=uses_greedy_baseline(cfg.algorithm.adv_estimator))
-    return rollout_source(collector, engine, tasks, cfg.rollout.max_staleness,
-                          accept_stale=cfg.rollout.stale_samples == "correct")
+    collector = make_collector(cfg, tokenizer, run_plan.factories, engine, budget, model_vocab(model))
+    tasks = TaskSource(cfg.seed, run_plan.group_size, run_plan.train_groups, run_plan.val_groups,
+                       greedy_baselines=run_plan.greedy_baselines)
+    return rollout_source(collector, engine, tasks, run_plan.max_staleness,
+                          accept_stale=run_plan.stale_samples == "correct")
 
 
 def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor, Reference | None, Critic | None]:
@@ -137,19 +134,6 @@ def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor
                  if needs_reference(cfg) else None)
     critic = build_critic(cfg, policy, device) if cfg.critic.enable else None
     return actor, reference, critic
-
-
-def update_horizon(cfg: Config) -> float:
-    """The most tokens an episode generates: the constant of the *-token-sum-norm loss modes."""
-    horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())
-    if cfg.rollout.max_episode_tokens:
-        horizon = min(horizon, float(cfg.rollout.max_episode_tokens))
-    return horizon
-
-
-def needs_reference(cfg: Config) -> bool:
-    """The reference exists only when a KL term needs it: it costs a model copy and a forward."""
-    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
 def build_reference(cfg: Config, model: Any) -> Reference:

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from agentrl.config import Config
-from agentrl.runtime.build import build_critic, build_reference, eval_baselines, seed_everything, update_horizon
+from agentrl.runtime.build import build_critic, build_reference, eval_baselines, seed_everything
 from agentrl.runtime.envs import import_user_modules, make_env_factories
+from agentrl.runtime.plan import update_horizon
 from agentrl.runtime.workers import SharedSpec, free_address, load_model, node_id, role_device, setup_worker
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch
@@ -236,7 +237,7 @@ class TrainerActor(TrainRank):
 
     def restore(self) -> int:
         """Continue from the run folder's newest readable checkpoint; returns its step."""
-        self.trainer._restore()  # noqa: SLF001 (the local runtime's resume path, unchanged)
+        self.trainer.resume()
         return self.trainer.step_idx
 
     def step(self) -> int:
@@ -246,3 +247,7 @@ class TrainerActor(TrainRank):
     def fit(self, resume: bool) -> dict[str, Any]:
         """Train to trainer.total_steps; the run's summary."""
         return self.trainer.fit(resume=resume)
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy episodes on held-out env seeds: the eval/ metrics."""
+        return self.trainer.evaluate()
