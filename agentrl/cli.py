@@ -1,8 +1,9 @@
-"""Command line: `agentrl train | resume | eval | serve | view | export`.
+"""Command line: `agentrl train | plan | resume | eval | serve | view | export`.
 
     agentrl train                                     # the embedded default (4x4 FrozenLake)
     agentrl train configs/frozen_lake.yaml trainer.total_steps=20 seed=3
     agentrl train --config-path configs --config-name frozen_lake_random
+    agentrl plan configs/mixed.yaml [--json]          # what a run of this config is made of; builds nothing
     agentrl resume runs/frozen_lake                   # continue a killed run from its last checkpoint
     agentrl eval runs/frozen_lake                     # evaluate the run's latest checkpoint
     agentrl serve configs/frozen_lake.yaml serve.port=8000   # the policy over HTTP (OpenAI routes)
@@ -19,9 +20,13 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentrl.errors import AgentRLError
 from agentrl.hub import offline
+
+if TYPE_CHECKING:
+    from agentrl.config import Config
 
 
 def _fields_help() -> str:
@@ -45,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
     t.add_argument("--overwrite", action="store_true",
                    help="start over in a run folder that holds a run (deletes its checkpoints and metrics)")
+    pl = sub.add_parser("plan", help="check a config and print its run plan (builds no model, trains nothing)",
+                        epilog=_fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    pl.add_argument("args", nargs="*", help="an optional YAML config file, then key=value overrides")
+    pl.add_argument("--config-path", help="folder of YAML configs (Hydra style)")
+    pl.add_argument("--config-name", help="config file name in --config-path, without .yaml")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON (what a run writes to plan.json)")
     r = sub.add_parser("resume", help="continue a run from its latest checkpoint")
     r.add_argument("run_dir")
     r.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.total_steps=100")
@@ -106,60 +117,57 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if "overwrite=true" in overrides:
         overrides.remove("overwrite=true")
         overwrite = True
-    cfg = load_config(path, overrides)
-    from agentrl.metrics import summary_table
-    from agentrl.runtime.local import train
-
-    _RUN_DIR[:] = [cfg.resolved_run_dir()]
-    summary = train(cfg, resume=resume, overwrite=overwrite, log=lambda m: print(m, file=sys.stderr))
-    print(summary_table(summary))
-    print(f"run folder: {cfg.resolved_run_dir()}")
-    return 0
+    return _train(load_config(path, overrides), resume, overwrite)
 
 
 def cmd_resume(ns: argparse.Namespace) -> int:
     """`agentrl resume RUN_DIR`: the run's own config, continued from its latest checkpoint."""
     from agentrl.config import load_config
+
+    run_dir = _run_folder_arg(ns.run_dir)
+    return _train(load_config(run_dir / "config.yaml", [*ns.overrides, f"run_dir={run_dir}"]), resume=True)
+
+
+def _train(cfg: Config, resume: bool, overwrite: bool = False) -> int:
+    """Train `cfg`'s run, or continue it (`resume`): the one path of `train` and `resume`."""
     from agentrl.metrics import summary_table
     from agentrl.runtime.local import train
 
-    run_dir = _run_dir_arg(ns.run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise AgentRLError(f"{run_dir} is not a run folder (no config.yaml); give the folder a run wrote")
-    cfg = load_config(run_dir / "config.yaml", [*ns.overrides, f"run_dir={run_dir}"])
+    run_dir = cfg.resolved_run_dir()
     _RUN_DIR[:] = [run_dir]
-    summary = train(cfg, resume=True, log=lambda m: print(m, file=sys.stderr))
+    summary = train(cfg, resume=resume, overwrite=overwrite, log=_log)
     print(summary_table(summary))
     print(f"run folder: {run_dir}")
+    return 0
+
+
+def cmd_plan(ns: argparse.Namespace) -> int:
+    """`agentrl plan`: every model-free check of the config, then its run plan; builds nothing."""
+    import json
+
+    from agentrl.config import load_config
+    from agentrl.runtime.plan import plan
+
+    path, overrides = _split_config(ns.args, ns.config_path, ns.config_name)
+    run_plan = plan(load_config(path, overrides))
+    print(json.dumps(run_plan.to_dict(), indent=2) if ns.json else run_plan.describe())
     return 0
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
     """`agentrl eval RUN_DIR`: the newest checkpoint that loads (a corrupt newer one is skipped),
     held while it is evaluated, so a trainer still writing the run may prune it meanwhile."""
-    from agentrl.config import load_config
     from agentrl.metrics import summary_table
-    from agentrl.models.lora import is_adapter_folder
-    from agentrl.runtime.build.trainer import build_trainer
-    from agentrl.train.checkpoint_hold import held_newest
+    from agentrl.runtime.local import evaluate_checkpoint
 
-    run_dir = _run_dir_arg(ns.run_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise AgentRLError(f"{run_dir} is not a run folder (no config.yaml); give the folder a run wrote")
-    with held_newest(run_dir / "checkpoints", warn=lambda m: print(m, file=sys.stderr)) as found:
-        if found is None:
-            raise AgentRLError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
-        ckpt, held, (weights, _, state) = found
-        adapter = is_adapter_folder(held)  # LoRA: the run's own base model, the checkpoint's adapter
-        cfg = load_config(run_dir / "config.yaml", [*ns.overrides, *([] if adapter else [f"model.path={held}"])])
-        trainer = build_trainer(cfg, run_dir, log=lambda m: print(m, file=sys.stderr))
-        if adapter:
-            trainer.actor.load_weights(weights)
-            trainer.sync()
-        trainer.step_idx = int(state["step"])  # samples.jsonl rows carry the checkpoint's step
-        metrics = trainer.evaluate()
+    ckpt, metrics = evaluate_checkpoint(_run_folder_arg(ns.run_dir), ns.overrides, log=_log)
     print(summary_table({"checkpoint": ckpt.name, **metrics}))
     return 0
+
+
+def _log(message: str) -> None:
+    """A run's messages for the user: on stderr (stdout holds the command's result)."""
+    print(message, file=sys.stderr)
 
 
 def cmd_view(ns: argparse.Namespace) -> int:
@@ -201,6 +209,14 @@ def _run_dir_arg(value: str) -> Path:
     return user_path(value, "RUN_DIR")
 
 
+def _run_folder_arg(value: str) -> Path:
+    """A RUN_DIR argument that names a folder a run wrote (it holds config.yaml)."""
+    run_dir = _run_dir_arg(value)
+    if not (run_dir / "config.yaml").is_file():
+        raise AgentRLError(f"{run_dir} is not a run folder (no config.yaml); give the folder a run wrote")
+    return run_dir
+
+
 _RUN_DIR: list[Path] = []  # the run folder of the running command, for the interrupt message
 
 
@@ -220,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
-        commands = {"train": cmd_train, "resume": cmd_resume, "eval": cmd_eval, "serve": cmd_serve,
-                    "view": cmd_view, "export": cmd_export}
+        commands = {"train": cmd_train, "plan": cmd_plan, "resume": cmd_resume, "eval": cmd_eval,
+                    "serve": cmd_serve, "view": cmd_view, "export": cmd_export}
         return commands[ns.command](ns)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)

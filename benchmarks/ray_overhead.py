@@ -42,9 +42,9 @@ from agentrl.config import load_config
 from agentrl.metrics import read_jsonl
 from agentrl.models.embedded import cache_root, tiny_cache_key
 from agentrl.registry import load_builtins
-from agentrl.runtime.build.envs import make_env_factories
 from agentrl.runtime.build.policy import load_policy
 from agentrl.runtime.local import train
+from agentrl.runtime.plan import plan
 from agentrl.runtime.ray.weight_sync import make_transport
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,7 +176,7 @@ def measure(args: argparse.Namespace, base: list[str], folder: Path, ray_temp: s
     """The runs (unless --skip-runs) and the weight-sync times; the summary."""
     cfg = load_config(CONFIG, base)
     load_builtins()
-    load_policy(cfg, make_env_factories(cfg), log=lambda m: print(f"  {m}", file=sys.stderr))
+    load_policy(cfg, plan(cfg), log=lambda m: print(f"  {m}", file=sys.stderr))
     model = cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
     summary: dict = {"cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 1), "steps": args.steps,
                      "replicas": args.replicas, "managers": args.managers, "threads": args.threads,

@@ -63,6 +63,7 @@ from agentrl.rollout.tasks import make_tasks  # noqa: E402
 from agentrl.runtime.build.envs import make_agent, make_env_factories  # noqa: E402
 from agentrl.runtime.build.policy import load_policy  # noqa: E402
 from agentrl.runtime.process import seed_everything  # noqa: E402
+from agentrl.runtime.plan import plan  # noqa: E402
 
 TAG = "frozen_lake"  # the default config's one env, tagged by its type
 
@@ -424,7 +425,7 @@ def build(args, cfg, env_factory):
     if args.weights == "warm":
         if args.model != "tiny":
             raise SystemExit("--weights warm exists only for --model tiny (the warm-started default)")
-        model, tokenizer = load_policy(cfg, {TAG: env_factory}, log=lambda m: print(m, file=sys.stderr))
+        model, tokenizer = load_policy(cfg, plan(cfg), log=lambda m: print(m, file=sys.stderr))
     else:
         tokenizer = build_tokenizer(corpus(env_factory, max_turns=cfg.env.max_turns, seed=cfg.seed),
                                     cfg.model.tiny.vocab_size)

@@ -85,3 +85,14 @@ def leave_rank() -> None:
     a non-main thread while the main thread joins them (pytorch/pytorch#190489). Every collective
     has completed on this rank and its peers hold their data, so nothing is left to tear down."""
     os._exit(0)
+
+
+def without_plan(stderr):
+    """A run's stderr without the run plan it logs at its start (a line `run plan of ...` and the
+    indented lines under it): what the run said besides."""
+    out, in_plan = [], False
+    for line in stderr.splitlines():
+        in_plan = line.startswith("run plan of ") or (in_plan and line.startswith("  "))
+        if not in_plan:
+            out.append(line)
+    return "\n".join(out)

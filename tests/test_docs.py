@@ -61,7 +61,7 @@ def test_the_pages_hold_what_these_tests_check():
     assert sum(w.startswith("README.md:") for w, _ in COMMANDS) >= 6, COMMANDS
     assert sum(w.startswith("README.md:") for w, _ in PYTHON_BLOCKS) >= 3, PYTHON_BLOCKS
     assert len(COMMANDS) >= 25 and len(PYTHON_BLOCKS) >= 4
-    assert {"train", "resume", "eval", "serve", "view", "export"} <= {argv[0] for _, argv in COMMANDS}
+    assert {"train", "plan", "resume", "eval", "serve", "view", "export"} <= {argv[0] for _, argv in COMMANDS}
 
 
 @pytest.mark.parametrize("where,code", PYTHON_BLOCKS, ids=[w for w, _ in PYTHON_BLOCKS])
@@ -86,7 +86,7 @@ def test_every_agentrl_command_parses_and_loads_its_config(where, argv, tmp_path
         assert e.code == 0 and "--help" in argv, f"{shown}: {out.err.strip()}"
         assert "config fields" in out.out
         return
-    if ns.command in ("train", "serve"):
+    if ns.command in ("train", "plan", "serve"):
         path, overrides = _split_config(ns.args, getattr(ns, "config_path", None), getattr(ns, "config_name", None))
     elif ns.command in ("resume", "eval"):  # overrides of a run's own config: every key must exist
         path, overrides = None, ns.overrides

@@ -1,6 +1,7 @@
-"""The local runtime: a run's parts, built by runtime/build/trainer.py, placed in this process: the run
-folder checked and locked, the trainer fitted. The run folder protocol is the same for the Ray
-runtime (runtime.kind=ray), whose parts `placed` hands to runtime/ray/driver.py."""
+"""The local runtime: a run's parts, built by runtime/build/, placed in this process: the run
+folder checked and locked, the plan written and logged, the trainer fitted. The run folder
+protocol is the same for the Ray runtime (runtime.kind=ray), whose parts `placed` hands to
+runtime/ray/driver.py; either runtime hands back a run handle (runtime/handle.py)."""
 
 from __future__ import annotations
 
@@ -9,31 +10,33 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import Config, save_config
+from agentrl.config import Config, load_config, save_config
+from agentrl.errors import AgentRLError
 from agentrl.hub import offline
-from agentrl.runtime.build.preflight import preflight
 from agentrl.runtime.build.trainer import build_trainer
+from agentrl.runtime.handle import RunHandle
+from agentrl.runtime.plan import RunPlan, plan, save_plan
 from agentrl.runtime.process import kept_threads
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
                                         resume_changes, run_step)
 from agentrl.train.checkpoint import remove_partial
-from agentrl.train.trainer import Trainer
 
 
 @contextmanager
 def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Any = None,
-             overwrite: bool = False) -> Iterator[Trainer | dict[str, Any]]:
+             overwrite: bool = False) -> Iterator[RunHandle | dict[str, Any]]:
     """The run folder, checked and locked while the run writes it, and every part built: yields
-    the trainer to fit, or the summary of a run that is already finished (resume).
+    the run's handle to fit (resumed when `resume`), or the summary of a run that is already
+    finished (resume).
 
-    Every check comes before any model is built. A new run checks its config first (a config
+    Every check comes before any model is built. A new run makes its plan first (a config
     mistake is the error a user sees, and leaves no folder behind), then refuses a folder that
     holds another run unless `overwrite` (which clears it first). A resume first refuses config
     changes that alter the run's meaning (what such a change breaks is not the error to show),
-    then checks the config, and writes config.yaml only once the checkpoint has loaded.
+    then makes the plan, and writes config.yaml and plan.json only once the checkpoint has loaded.
     """
     offline()  # the Python API's runs too: an agent's from_pretrained never waits on the network
-    factories = None if resume else preflight(cfg)
+    run_plan = None if resume else plan(cfg, tokenizer)
     run_dir = check_folder(cfg)
     # The run computes on runtime.num_threads; the caller's own count comes back at the end.
     with RunLock(run_dir), kept_threads():
@@ -46,40 +49,66 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
                     f"{cfg.trainer.total_steps}); nothing to do: raise trainer.total_steps to train further")
                 yield done
                 return
-            factories = preflight(cfg)
+            run_plan = plan(cfg, tokenizer)
         else:
             prepare_fresh(run_dir, overwrite)
             save_config(cfg, run_dir / "config.yaml")
-        with placed(cfg, run_dir, log, tokenizer, factories) as trainer:
+            save_plan(run_plan, run_dir)
+        log(run_plan.describe())
+        with placed(cfg, run_dir, log, tokenizer, run_plan) as run:
             if resume:
-                trainer.restore()
-                if trainer.step_idx == 0:  # nothing to continue: say so rather than start over silently
+                run.resume()
+                if run.step_idx == 0:  # nothing to continue: say so rather than start over silently
                     every = f"every {cfg.trainer.save_freq} steps" if cfg.trainer.save_freq else "at its end"
                     log(f"agentrl: {run_dir} holds no checkpoint to resume from (this run saves one {every}, "
                         "trainer.save_freq); training starts at step 0")
                 # Only now is the new config proven to fit the run: write it and record what changed.
                 save_config(cfg, run_dir / "config.yaml")
-                record_resume(run_dir, trainer.step_idx, changes)
-            yield trainer
+                save_plan(run_plan, run_dir)
+                record_resume(run_dir, run.step_idx, changes)
+            yield run
 
 
 @contextmanager
 def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Any,
-           factories: dict[str, Callable[[], Any]]) -> Iterator[Any]:
-    """The trainer of `cfg` (whose preflight gave `factories`): built in this process
-    (runtime.kind=local), or its parts placed as Ray actors (runtime.kind=ray, runtime/ray/driver.py: a
-    handle with the same fit / restore / step_idx)."""
+           run_plan: RunPlan) -> Iterator[RunHandle]:
+    """The run handle of `cfg` (whose plan is `run_plan`): the trainer built in this process
+    (runtime.kind=local), or the handle on its parts placed as Ray actors (runtime.kind=ray,
+    runtime/ray/driver.py)."""
     if cfg.runtime.kind == "ray":
         from agentrl.runtime.ray.driver import ray_trainer
 
-        with ray_trainer(cfg, run_dir, log, tokenizer, factories) as trainer:
-            yield trainer
+        with ray_trainer(cfg, run_dir, log, tokenizer, run_plan) as run:
+            yield run
     else:
-        yield build_trainer(cfg, run_dir, log, tokenizer, factories)
+        yield build_trainer(cfg, run_dir, log, tokenizer, run_plan)
 
 
 def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Any = None,
           overwrite: bool = False) -> dict[str, Any]:
-    """Run a whole experiment; returns the summary (also written to run_dir/summary.json)."""
+    """Run a whole experiment (or continue it: `resume`); returns the summary (also written to
+    run_dir/summary.json)."""
     with open_run(cfg, resume, log, tokenizer, overwrite) as run:
-        return run if isinstance(run, dict) else run.fit(resume=resume)
+        return run if isinstance(run, dict) else run.fit()
+
+
+def evaluate_checkpoint(run_dir: Path, overrides: list[str], log: Callable[[str], None] = print
+                        ) -> tuple[Path, dict[str, float]]:
+    """(the checkpoint, its eval/ metrics): the newest checkpoint of `run_dir` that loads (a
+    corrupt newer one is skipped), evaluated with the run's config and `overrides`; held while it
+    is evaluated, so a trainer still writing the run may prune it meanwhile."""
+    from agentrl.models.lora import is_adapter_folder
+    from agentrl.train.checkpoint_hold import held_newest
+
+    with held_newest(run_dir / "checkpoints", warn=log) as found:
+        if found is None:
+            raise AgentRLError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
+        ckpt, held, (weights, _, state) = found
+        adapter = is_adapter_folder(held)  # LoRA: the run's own base model, the checkpoint's adapter
+        cfg = load_config(run_dir / "config.yaml", [*overrides, *([] if adapter else [f"model.path={held}"])])
+        trainer = build_trainer(cfg, run_dir, log=log)
+        if adapter:
+            trainer.actor.load_weights(weights)
+            trainer.sync()
+        trainer.step_idx = int(state["step"])  # samples.jsonl rows carry the checkpoint's step
+        return ckpt, trainer.evaluate()

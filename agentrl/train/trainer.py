@@ -45,7 +45,8 @@ ERRORS_NAME = "errors.jsonl"  # failed episode attempts of a run, one JSON line 
 
 
 class Trainer:
-    """Runs `Config.trainer.total_steps` steps of collect / update / sync."""
+    """Runs `Config.trainer.total_steps` steps of collect / update / sync (the local runtime's run
+    handle: runtime/handle.py)."""
 
     def __init__(self, cfg: Config, actor: Learner, rollout: RolloutSource, tokenizer: Tokenizer, run_dir: Path,
                  eval_baselines: dict[str, Callable[[list[Trajectory]], dict[str, float]]] | None = None,
@@ -75,7 +76,7 @@ class Trainer:
         """Train to `total_steps`, evaluating before and after; returns the summary."""
         t0 = time.perf_counter()
         if resume and not self._restored:
-            self.restore()
+            self.resume()
         self.logger = MetricsLogger(self.run_dir, loggers=self.cfg.trainer.logger,
                                     total_steps=self.cfg.trainer.total_steps,
                                     show_progress=self.cfg.trainer.progress,
@@ -290,7 +291,7 @@ class Trainer:
         save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
                         self.actor.optimizer, state, keep=self.cfg.trainer.max_checkpoints, config=self.cfg)
 
-    def restore(self) -> None:
+    def resume(self) -> None:
         """Continue from the run folder's newest readable checkpoint (none: stay at step 0)."""
         self._restored = True
         # The newest checkpoint that loads: a torn or corrupt newer one is skipped with a warning.

@@ -12,9 +12,9 @@ from agentrl.metrics import read_jsonl
 from agentrl.models.embedded import cache_root, tiny_cache_key
 from agentrl.registry import register_env
 from agentrl.rollout.tasks import EVAL_SEED_BASE
-from agentrl.runtime.build.envs import make_env_factories
 from agentrl.runtime.build.policy import load_policy
 from agentrl.runtime.local import train
+from agentrl.runtime.plan import plan
 
 from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
 
@@ -65,7 +65,7 @@ def tiny_path(tmp_path_factory):
     """A warm-started tiny model for FrozenLake, loaded by the flaky runs through model.path."""
     cache = tmp_path_factory.mktemp("model_cache")
     cfg = load_config("configs/frozen_lake.yaml", [*TINY, f"model.cache_dir={cache}"])
-    load_policy(cfg, make_env_factories(cfg), log=lambda m: None)
+    load_policy(cfg, plan(cfg), log=lambda m: None)
     return cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
 
 

@@ -16,9 +16,9 @@ from agentrl.config import load_config
 from agentrl.errors import EnvError, RolloutError
 from agentrl.metrics import read_jsonl
 from agentrl.models.embedded import cache_root, tiny_cache_key
-from agentrl.runtime.build.envs import make_env_factories
 from agentrl.runtime.build.policy import load_policy
 from agentrl.runtime.local import train
+from agentrl.runtime.plan import plan
 from bad_agents import FAULTS as AGENT_FAULTS  # importing registers bad_agent
 from bad_envs import ESCAPES, FAULTS  # tests/ is on sys.path (conftest.py); importing registers bad_lake
 
@@ -32,7 +32,7 @@ def tiny_path(tmp_path_factory):
     """A warm-started tiny model for FrozenLake, loaded by the runs below through model.path."""
     cache = tmp_path_factory.mktemp("model_cache")
     cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", [*TINY, f"model.cache_dir={cache}"])
-    load_policy(cfg, make_env_factories(cfg), log=lambda m: None)
+    load_policy(cfg, plan(cfg), log=lambda m: None)
     return cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
 
 

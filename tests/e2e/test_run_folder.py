@@ -17,6 +17,7 @@ import pytest
 
 from agentrl.metrics import read_jsonl
 
+from helpers import without_plan
 from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
 
 ROOT = Path(__file__).parents[2]
@@ -112,7 +113,7 @@ def _train_args(run: Path, cache: Path, *more: str) -> list[str]:
 
 def _one_line(res: subprocess.CompletedProcess, code: int = 2) -> str:
     assert res.returncode == code, res.stderr[-2000:]
-    lines = res.stderr.strip().splitlines()
+    lines = without_plan(res.stderr).strip().splitlines()  # a run logs its plan first
     assert len(lines) == 1, res.stderr[-2000:]
     return lines[0]
 

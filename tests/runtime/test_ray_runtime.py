@@ -4,9 +4,11 @@ local runtime; data-parallel training equal to one worker; a dead trainer rank s
 and `agentrl resume` continuing it; an engine and an env manager killed mid-run and restarted,
 in a run whose engine sits on the second node; impossible placements refused in one line."""
 
+import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 
 import pytest
 import torch
@@ -20,11 +22,12 @@ from agentrl.config import load_config  # noqa: E402
 from agentrl.errors import ConfigError  # noqa: E402
 from agentrl.metrics import read_jsonl  # noqa: E402
 from agentrl.models.embedded import cache_root, tiny_cache_key  # noqa: E402
-from agentrl.runtime.build.envs import make_env_factories  # noqa: E402
 from agentrl.runtime.build.policy import load_policy  # noqa: E402
 from agentrl.runtime.local import train  # noqa: E402
+from agentrl.runtime.plan import plan  # noqa: E402
 from agentrl.runtime.ray.driver import init_cluster  # noqa: E402
 from agentrl.runtime.ray.weight_sync import ObjectStoreTransport  # noqa: E402
+from helpers import without_plan  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -69,7 +72,7 @@ def cache(tmp_path_factory):
 def _model(cache, overrides):
     """A warm-started tiny model folder (for model.path: both runtimes load the same weights)."""
     cfg = load_config(None, [*overrides, f"model.cache_dir={cache}"])
-    load_policy(cfg, make_env_factories(cfg), log=lambda m: None)
+    load_policy(cfg, plan(cfg), log=lambda m: None)
     return cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
 
 
@@ -201,6 +204,23 @@ def test_an_env_from_a_file_in_imports_trains_on_ray_and_resumes(cluster, cache,
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3]
 
 
+def test_a_ray_run_writes_the_plan_agentrl_plan_prints_placement_included(cluster, cache, tmp_path, capsys):
+    """plan.json of a runtime.kind=ray run equals `agentrl plan --json` of its config, the
+    placement's workers and bundles included, and the run logs the plan's text."""
+    run = tmp_path / "run"
+    args = ["configs/frozen_lake.yaml", *LAKE, f"model.path={_model(cache, LAKE)}", f"run_dir={run}",
+            "runtime.kind=ray", "runtime.env_managers=2", "trainer.total_steps=1"]
+    assert cli.main(["plan", *args, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert cli.main(["plan", *args]) == 0
+    text = capsys.readouterr().out
+    assert cli.main(["train", *args]) == 0
+    assert json.loads((run / "plan.json").read_text()) == shown and text in capsys.readouterr().err
+    assert shown["runtime"]["kind"] == "ray" and shown["warm_start"]["enabled"] is False
+    assert Counter(w["role"] for w in shown["runtime"]["placement"]["workers"]) == {
+        "actor_train": 1, "actor_infer": 1, "env_manager": 2}
+
+
 def _weight_diffs(a, b):
     from safetensors.torch import load_file
 
@@ -253,7 +273,7 @@ def test_engines_and_env_managers_killed_mid_run_are_restarted_and_the_run_finis
 ])
 def test_an_impossible_placement_fails_in_one_line_before_any_actor(cluster, tmp_path, capsys, overrides, message):
     code = cli.main(["train", "configs/frozen_lake.yaml", "runtime.kind=ray", f"run_dir={tmp_path}", *overrides])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = without_plan(capsys.readouterr().err).strip().splitlines()  # a run logs its plan first
     assert code == 2 and len(err) == 1 and message in err[0], err
     assert not ray.util.list_named_actors() and not (tmp_path / "checkpoints").exists()
 

@@ -251,14 +251,14 @@ def test_the_embedded_default_gives_seed_agents_a_tokenizer_folder(tmp_path, dat
     from transformers import AutoTokenizer
 
     from agentrl.config import load_config
-    from agentrl.runtime.build.envs import make_env_factories
     from agentrl.runtime.build.policy import load_policy
+    from agentrl.runtime.plan import plan
 
     cfg = load_config(None, [f"imports=[{MODULE}]", "env.type=seed-math-code-single-step",
                              f"env.args.dataset_path={dataset}", "agent.type=seed-math-multi-turn", *TINY,
                              "model.warm_start.max_steps=1", f"model.cache_dir={tmp_path}"])
     for _ in range(2):  # built, then from the cache
-        _, tokenizer = load_policy(cfg, make_env_factories(cfg), log=lambda m: None)
+        _, tokenizer = load_policy(cfg, plan(cfg), log=lambda m: None)
         folder = Path(tokenizer.name_or_path)
         assert folder.is_dir() and not (folder / "config.json").exists()
         text = "What is 12 + 345? \\boxed{357}"

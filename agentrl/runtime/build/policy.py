@@ -9,30 +9,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.algos.policy_losses import check_loss_mode
 from agentrl.config import Config
 from agentrl.models.embedded import cache_root, check_tokenizer, fingerprint, load_embedded, tokenizer_folder
 from agentrl.models.loading import load_pretrained
 from agentrl.rollout.collector import check_failed
 from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.build.envs import agent_texts, check_templates, is_seed_tag, make_budget, make_collector
-from agentrl.runtime.build.preflight import preflight
 from agentrl.runtime.build.seeds import demo_factories, seed_texts
+from agentrl.runtime.plan import RunPlan, plan
 from agentrl.runtime.process import kept_threads, pin_threads
 
 
 def build_policy(cfg: Config, log: Callable[[str], None], tokenizer: Any = None,
-                 factories: dict[str, Callable] | None = None) -> tuple[Any, Any, dict[str, Callable]]:
-    """(model, tokenizer, env factories per tag), after every check that needs no model (run
-    here unless `factories` comes from a preflight the caller ran); from here on this process
-    computes with the run's torch threads (the warm start included)."""
+                 run_plan: RunPlan | None = None) -> tuple[Any, Any, RunPlan]:
+    """(model, tokenizer, the run's plan), after every check that needs no model (the plan is
+    made here unless the caller made it); from here on this process computes with the run's
+    torch threads (the warm start included)."""
     pin_threads(cfg.runtime.num_threads)
-    if factories is None:
-        factories = preflight(cfg)  # every model-free check, before the model is built or warm-started
-    check_loss_mode(cfg.actor.policy_loss.loss_mode)  # after `imports`, which may register modes
-    model, tokenizer = load_policy(cfg, factories, log, tokenizer)
+    if run_plan is None:
+        run_plan = plan(cfg, tokenizer)  # every model-free check, before the model is built or warm-started
+    model, tokenizer = load_policy(cfg, run_plan, log, tokenizer)
     check_templates(cfg, tokenizer)
-    return model, tokenizer, factories
+    return model, tokenizer, run_plan
 
 
 def model_context(model: Any) -> int:
@@ -45,11 +43,12 @@ def model_vocab(model: Any) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
-def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None],
+def load_policy(cfg: Config, run_plan: RunPlan, log: Callable[[str], None],
                 tokenizer: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer): from model.path, or the cached / freshly warm-started tiny default
     (whose tokenizer's `name_or_path` is a tokenizer folder, for seed agents' `tokenizer_path`);
-    a given `tokenizer` replaces the folder's (and the tiny default is built on it)."""
+    a given `tokenizer` replaces the folder's (and the tiny default is built on it). `run_plan`
+    is the plan of `cfg` (runtime/plan.py): its envs demonstrate the warm start."""
     if cfg.model.path:
         model, loaded = load_pretrained(cfg.model.path, cfg.model.dtype)
         if tokenizer is None:
@@ -58,10 +57,10 @@ def load_policy(cfg: Config, factories: dict[str, Callable], log: Callable[[str]
         return model, tokenizer_folder(check_tokenizer(tokenizer, model), folder)
     # The warm start computes on the run's threads, whoever calls (its cache key holds the count).
     with kept_threads(cfg.runtime.num_threads):
-        return load_embedded(cfg, lambda folder: build_tiny(cfg, factories, log, tokenizer, folder), log, tokenizer)
+        return load_embedded(cfg, lambda folder: build_tiny(cfg, run_plan, log, tokenizer, folder), log, tokenizer)
 
 
-def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str], None], tokenizer: Any = None,
+def build_tiny(cfg: Config, run_plan: RunPlan, log: Callable[[str], None], tokenizer: Any = None,
                tokenizer_dir: Path | None = None) -> tuple[Any, Any]:
     """Train the tokenizer on every env of the run (unless one is given), build the tiny model and
     warm-start it on demonstrations of every tag that can give them, in the proportions of the
@@ -70,11 +69,11 @@ def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str],
     from agentrl.rollout.demos import ScriptedClient, corpus
     from agentrl.train.warm_start import warm_start
 
-    definitions = cfg.env_definitions()
+    turns = {t.tag: t.max_turns for t in run_plan.tags}
 
     def texts():
-        for tag, make_env in factories.items():
-            yield from corpus(make_env, max_turns=definitions[tag].max_turns, seed=cfg.seed,
+        for tag, make_env in run_plan.factories.items():
+            yield from corpus(make_env, max_turns=turns[tag], seed=cfg.seed,
                               step=not is_seed_tag(cfg, tag), timeout=cfg.rollout.episode_timeout,
                               max_failed_fraction=cfg.rollout.max_failed_fraction, name=f"tag {tag}")
         yield from agent_texts(cfg)
@@ -87,8 +86,8 @@ def build_tiny(cfg: Config, factories: dict[str, Callable], log: Callable[[str],
     if tokenizer_dir is not None:
         tokenizer_folder(tokenizer, tokenizer_dir)  # seed agents load theirs from tokenizer_path
     model = build_model(cfg.model.tiny, tokenizer, seed=cfg.seed)
-    shown = demo_factories(cfg, factories, log)
-    plan = [t for t in cfg.group_tags("train") if t in shown]
+    shown = demo_factories(cfg, run_plan.factories, log)
+    plan = [t for t in run_plan.train_groups if t in shown]
     if not plan:
         log("warm start skipped: no env of this run can demonstrate a reply (no sample_action, no dataset answers)")
         return model.eval(), tokenizer

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from agentrl.algos.advantages import uses_greedy_baseline
 from agentrl.config import Config
 from agentrl.envs.service import close_env
 from agentrl.rollout.source import RolloutSource, rollout_source
@@ -17,20 +16,20 @@ from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.build.engines import make_engine
 from agentrl.runtime.build.envs import make_budget, make_collector
 from agentrl.runtime.build.policy import model_context, model_vocab
+from agentrl.runtime.plan import RunPlan
 
 
-def build_rollout(cfg: Config, model: Any, tokenizer: Any, factories: dict[str, Callable],
-                  device: torch.device) -> RolloutSource:
+def build_rollout(cfg: Config, model: Any, tokenizer: Any, run_plan: RunPlan, device: torch.device) -> RolloutSource:
     """The engine (a copy of `model`, or the servers of engine.urls), the agents and envs of every
     tag, and the rollout source that plays them; a runtime that places the engine elsewhere
     replaces this."""
     engine = make_engine(cfg, model, tokenizer, device)  # in this process, or the servers of engine.urls
     budget = make_budget(cfg, model_context(model))
-    collector = make_collector(cfg, tokenizer, factories, engine, budget, model_vocab(model))
-    tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")), tuple(cfg.group_tags("val")),
-                       greedy_baselines=uses_greedy_baseline(cfg.algorithm.adv_estimator))
-    return rollout_source(collector, engine, tasks, cfg.rollout.max_staleness,
-                          accept_stale=cfg.rollout.stale_samples == "correct")
+    collector = make_collector(cfg, tokenizer, run_plan.factories, engine, budget, model_vocab(model))
+    tasks = TaskSource(cfg.seed, run_plan.group_size, run_plan.train_groups, run_plan.val_groups,
+                       greedy_baselines=run_plan.greedy_baselines)
+    return rollout_source(collector, engine, tasks, run_plan.max_staleness,
+                          accept_stale=run_plan.stale_samples == "correct")
 
 
 def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:

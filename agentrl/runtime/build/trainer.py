@@ -17,6 +17,7 @@ from agentrl.rollout.source import RolloutSource
 from agentrl.runtime.build.learners import build_learners
 from agentrl.runtime.build.policy import build_policy
 from agentrl.runtime.build.rollout import build_rollout, eval_baselines
+from agentrl.runtime.plan import RunPlan
 from agentrl.runtime.process import resolve_device, seed_everything
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic
@@ -36,10 +37,10 @@ class RunParts:
 
 
 def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print, tokenizer: Any = None,
-                  factories: dict[str, Callable] | None = None) -> Trainer:
+                  run_plan: RunPlan | None = None) -> Trainer:
     """The trainer of `cfg`, with every part built here (with `tokenizer` instead of the model's
-    own when given; `factories`: the env factories of a preflight the caller already ran)."""
-    parts = build_parts(cfg, log, tokenizer, factories)
+    own when given; `run_plan`: the plan of `cfg` the caller already made)."""
+    parts = build_parts(cfg, log, tokenizer, run_plan)
     trainer = Trainer(cfg, parts.actor, parts.rollout, parts.tokenizer, run_dir, eval_baselines=parts.eval_baselines,
                       reference=parts.reference, critic=parts.critic)
     trainer.log = log
@@ -47,16 +48,16 @@ def build_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print
 
 
 def build_parts(cfg: Config, log: Callable[[str], None] = print, tokenizer: Any = None,
-                factories: dict[str, Callable] | None = None) -> RunParts:
+                run_plan: RunPlan | None = None) -> RunParts:
     """Check the config, then build the policy, the rollout side and the learning side.
 
     The order of the steps that draw random numbers is fixed: the same config and seed give
     the same parts."""
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
-    model, tokenizer, factories = build_policy(cfg, log, tokenizer, factories)
+    model, tokenizer, run_plan = build_policy(cfg, log, tokenizer, run_plan)
     model.to(device)
     seed_everything(cfg.seed)
-    rollout = build_rollout(cfg, model, tokenizer, factories, device)
+    rollout = build_rollout(cfg, model, tokenizer, run_plan, device)
     actor, reference, critic = build_learners(cfg, model, device)
-    return RunParts(tokenizer, rollout, actor, reference, critic, eval_baselines(factories))
+    return RunParts(tokenizer, rollout, actor, reference, critic, eval_baselines(run_plan.factories))

@@ -35,14 +35,12 @@ from agentrl.config.runtime import placement_summary
 from agentrl.errors import AgentRLError
 from agentrl.metrics import write_summary
 from agentrl.rollout.tasks import mix
-from agentrl.runtime.build.learners import needs_reference
 from agentrl.runtime.build.policy import build_policy, model_context, model_vocab
-from agentrl.runtime.build.preflight import preflight
+from agentrl.runtime.plan import RunPlan, plan
 from agentrl.runtime.process import seed_everything
 from agentrl.runtime.ray.cluster import init_cluster, require_ray
 from agentrl.runtime.ray.engine_client import first_line
-from agentrl.runtime.ray.placement import (HEAD, Plan, check_resources, choose_transport, options, plan_placement,
-                                            reserve)
+from agentrl.runtime.ray.placement import HEAD, Plan, check_resources, choose_transport, options, reserve
 from agentrl.runtime.ray.workers import RunSpec, model_source, share, user_registrations
 from agentrl.train.checkpoint import latest_checkpoint, step_of
 
@@ -108,28 +106,28 @@ def actor_config(cfg: Config, run_dir: Path) -> Config:
 
 @contextlib.contextmanager
 def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
-                tokenizer: Any = None, factories: dict[str, Callable] | None = None) -> Iterator[RayRun]:
-    """The run's parts placed on Ray; yields what the local runtime's trainer offers (fit,
-    restore, step_idx), and stops every actor at the end (`factories`: the env factories of a
-    preflight the caller already ran)."""
+                tokenizer: Any = None, run_plan: RunPlan | None = None) -> Iterator[RayRun]:
+    """The run's parts placed on Ray; yields its run handle (runtime/handle.py), and stops every
+    actor at the end (`run_plan`: the plan of `cfg` the caller already made)."""
     ray = require_ray()
-    if factories is None:
-        factories = preflight(cfg)  # every model-free check before the cluster starts
+    if run_plan is None:
+        run_plan = plan(cfg, tokenizer)  # every model-free check before the cluster starts
     t_start = time.perf_counter()
-    plan = plan_placement(cfg, reference=needs_reference(cfg), critic=cfg.critic.enable)
+    placement = run_plan.placement
+    assert placement is not None, "the plan of a runtime.kind=ray config has a placement"
     if not ray.is_initialized() and not cfg.runtime.address:
-        check_resources(plan, cfg, *local_cluster_resources(cfg))  # before starting Ray: in a second
+        check_resources(placement, cfg, *local_cluster_resources(cfg))  # before starting Ray: in a second
     with cluster(cfg, log):
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        check_resources(plan, cfg, ray.cluster_resources(), nodes)
-        pg = reserve(plan, cfg)  # before the model: a placement that cannot be had fails in seconds
+        check_resources(placement, cfg, ray.cluster_resources(), nodes)
+        pg = reserve(placement, cfg)  # before the model: a placement that cannot be had fails in seconds
         t_placed = time.perf_counter()
         actors = Actors()
         try:
             seed_everything(cfg.seed)
-            model, tokenizer, _ = build_policy(cfg, log, tokenizer, factories)  # as the local runtime: same draws
+            model, tokenizer, _ = build_policy(cfg, log, tokenizer, run_plan)  # as the local runtime: same draws
             t_policy = time.perf_counter()
-            run = launch(cfg, plan, pg, model, tokenizer, run_dir, log, actors)
+            run = launch(cfg, placement, pg, model, tokenizer, run_dir, log, actors)
             del model  # the actors hold their own copies
             run.timings = {"ray_start_seconds": round(t_placed - t_start, 2),  # cluster, checks, placement group
                            "policy_seconds": round(t_policy - t_placed, 2),
@@ -192,7 +190,7 @@ def wait_all(refs: dict[str, Any], timeout: float | None = None) -> dict[str, An
     return out
 
 
-def launch(cfg: Config, plan: Plan, pg: Any, model: Any, tokenizer: Any, run_dir: Path,
+def launch(cfg: Config, placement: Plan, pg: Any, model: Any, tokenizer: Any, run_dir: Path,
            log: Callable[[str], None], actors: Actors) -> RayRun:
     """Create every actor in its bundle, join the collective groups, and build the trainer."""
     from agentrl.runtime.ray.engine_actor import EngineActor
@@ -203,23 +201,23 @@ def launch(cfg: Config, plan: Plan, pg: Any, model: Any, tokenizer: Any, run_dir
     restarts, key = rt.max_restarts, uuid.uuid4().hex if rt.engine_transport == "http" else None  # os.urandom
     shared = share(RunSpec(acfg, tokenizer, model_source(acfg.model.path, cfg.model.dtype, model),
                            model_context(model), user_registrations(), model_vocab(model)))
-    infer = plan.of("actor_infer")
+    infer = placement.of("actor_infer")
     names = [f"engine-{w.index}" for w in infer]
     seeds = [cfg.seed if w.index == 0 else mix(cfg.seed, w.index) for w in infer]
     engines = [actors.create(EngineActor, names[i], w, pg, (shared, w.index, seeds[i], key), max_restarts=restarts,
                              max_task_retries=0) for i, w in enumerate(infer)]
     managers = []
-    for w in plan.of("env_manager"):
+    for w in placement.of("env_manager"):
         bound = bound_engines(w.index, rt.env_managers, len(engines))
         managers.append(actors.create(EnvManagerActor, f"env_manager-{w.index}", w, pg,
                                       (shared, [engines[e] for e in bound], [names[e] for e in bound], w.index, key),
                                       max_restarts=restarts, max_task_retries=0))
-    train = plan.of("actor_train")
+    train = placement.of("actor_train")
     rank0 = actors.create(TrainerActor, "actor_train-0", train[0], pg, (shared,), max_restarts=0)
     workers = [actors.create(TrainWorkerActor, f"actor_train-{w.index}", w, pg, (shared, w.index),
                              max_restarts=0, max_concurrency=2) for w in train[1:]]
     roles = {w.role: actors.create(ModelRoleActor, w.role, w, pg, (shared, w.role), max_restarts=0)
-             for w in plan.workers if w.role in ("reference", "critic")}
+             for w in placement.workers if w.role in ("reference", "critic")}
     actors.keep.append(shared)  # the spec (and the model in it) lives as long as the run: restarts read it
     started = wait_all({f"{rt_name}": h.info.remote() for rt_name, h in
                         [*zip(names, engines), *[(f"env manager {i}", m) for i, m in enumerate(managers)],
@@ -253,7 +251,7 @@ def bound_engines(manager: int, managers: int, engines: int) -> list[int]:
 
 
 class RayRun:
-    """The driver's handle on a placed run: what `open_run` asks of a trainer."""
+    """The driver's handle on a placed run (runtime/handle.py): rank 0 runs the trainer."""
 
     def __init__(self, rank0: Any, workers: list[Any], run_dir: Path, cfg: Config, transport: str) -> None:
         self.rank0, self.workers, self.run_dir, self.cfg = rank0, workers, Path(run_dir), cfg
@@ -265,9 +263,13 @@ class RayRun:
         """The last step trained."""
         return self._get(self.rank0.step.remote())
 
-    def restore(self) -> None:
+    def resume(self) -> None:
         """Rank 0 continues from the newest readable checkpoint."""
         self._get(self.rank0.restore.remote())
+
+    def evaluate(self) -> dict[str, float]:
+        """Rank 0's evaluation: the eval/ metrics."""
+        return self._get(self.rank0.evaluate.remote())
 
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (rank 0 runs the loop); the run's summary, with the Ray start-up times added."""

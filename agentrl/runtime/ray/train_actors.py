@@ -256,7 +256,7 @@ class TrainerActor(TrainRank):
 
     def restore(self) -> int:
         """Continue from the run folder's newest readable checkpoint; returns its step."""
-        self.trainer.restore()  # the local runtime's resume path, unchanged
+        self.trainer.resume()
         return self.trainer.step_idx
 
     def step(self) -> int:
@@ -266,3 +266,7 @@ class TrainerActor(TrainRank):
     def fit(self, resume: bool) -> dict[str, Any]:
         """Train to trainer.total_steps; the run's summary."""
         return self.trainer.fit(resume=resume)
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy episodes on held-out env seeds: the eval/ metrics."""
+        return self.trainer.evaluate()
