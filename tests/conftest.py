@@ -5,6 +5,7 @@ import signal
 
 import pytest
 import torch
+from hypothesis import settings
 
 from agentrl.config import TinyModelConfig
 
@@ -14,6 +15,11 @@ CORPUS = [
     "system\nYou are a helpful agent. What is 12 + 7? The answer is 19.",
 ] * 20
 
+
+# Property tests draw the same examples on every run and machine (no example database either): a
+# result may not depend on luck. A case one found once is pinned as a plain test beside it.
+settings.register_profile("agentrl", derandomize=True, database=None)
+settings.load_profile("agentrl")
 
 # A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored across
 # exec: the runs the tests start would then never see the Ctrl-C they are sent. A handler of ours

@@ -79,7 +79,7 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
         versions[i, :k] = torch.tensor(t.versions, dtype=torch.long)
         for pos, r in zip(t.reward_positions, t.rewards):
             if pos >= 0:
-                rewards[i, pos] += r
+                rewards[i, pos] += float(r)  # an int beyond int64 is still a number the batch holds
         index[i] = groups.setdefault(t.group_id, len(groups))
         start = 0
         for pos, key in zip(t.reward_positions, t.turn_states):
@@ -91,7 +91,7 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
     state_ids[mask == 0] = -1
     baselines = None
     if any(t.reward_baseline is not None for t in trajectories):
-        baselines = torch.tensor([float("nan") if t.reward_baseline is None else t.reward_baseline
+        baselines = torch.tensor([float("nan") if t.reward_baseline is None else float(t.reward_baseline)
                                   for t in trajectories], dtype=torch.float32)
     return Batch(ids, attn, mask, logp, rewards, versions, index, state_ids, reward_baselines=baselines,
                  episode_index=episode)

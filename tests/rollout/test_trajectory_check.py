@@ -90,3 +90,17 @@ def test_anything_but_trajectories_is_an_agent_failure(tiny_tokenizer, out):
 def test_a_well_formed_episode_is_kept(tiny_tokenizer, how):
     result = _collect(tiny_tokenizer, (lambda t: t) if how == "as_is" else (lambda t: [t]))
     assert len(result.trajectories) == 1 and not result.errors
+
+
+@pytest.mark.parametrize("reward", [-(2**63) - 1, 2**70, 7])
+def test_an_int_reward_beyond_int64_packs_as_the_number_it_is(tiny_tokenizer, reward):
+    """A reward an env returns as a Python int outside int64 (found by the fuzz above) is a finite
+    number: the episode is kept and packs into a batch holding that number, no OverflowError."""
+    def spoil(t):
+        t.rewards = [reward] + [0.0] * (len(t.rewards) - 1)
+        return t
+
+    result = _collect(tiny_tokenizer, spoil)
+    assert len(result.trajectories) == 1, result.errors
+    batch = pack(result.trajectories, tiny_tokenizer.pad_token_id)
+    assert float(batch.token_rewards.sum()) == pytest.approx(float(reward), rel=1e-6)
