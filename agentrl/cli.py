@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import signal
 import sys
 import textwrap
@@ -261,5 +262,19 @@ def main(argv: list[str] | None = None) -> int:
         _RUN_DIR.clear()
 
 
+def console(argv: list[str] | None = None) -> None:
+    """The `agentrl` console script: `main`, then an exit no thread of a stopped run can abort."""
+    code = main(argv)
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        # The run has unwound and closed its files, but a thread of it (an episode's, or one of
+        # torch's pools) may still be inside torch: the interpreter's shutdown would destroy torch's
+        # threads under it and abort the process (SIGABRT, "terminate called without an active
+        # exception") instead of exiting 130 / 143. Nothing is left to run at exit: leave at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -27,7 +27,7 @@ STEPS = 4
 # sends the process a signal (`SIGTERM` / `SIGINT`), as a user or a scheduler would.
 FAULT = """
 import errno, os, signal, sys, torch
-from agentrl.cli import main
+from agentrl.cli import console
 from agentrl.train.actor import Actor
 where, n = sys.argv[1], int(sys.argv[2])
 update, save, calls = Actor.update, torch.save, [0]
@@ -93,7 +93,7 @@ async def signalling_generate(self, prompt_ids, sampling):
 LocalEngine.step, ScriptedClient.generate = signalling_step, signalling_generate
 if where == "async_hang":
     collector.warn_hang, collector.HANG_WARN_SECONDS = warn_hang, 0.0
-sys.exit(main(sys.argv[3:]))
+console(sys.argv[3:])  # the console script's entry, as `agentrl` runs
 """
 
 
