@@ -20,6 +20,7 @@ from typing import Any
 
 from agentrl.algos.advantages import uses_greedy_baseline
 from agentrl.algos.policy_losses import check_loss_mode
+from agentrl.atomic import write_atomic
 from agentrl.config import Config
 from agentrl.config.runtime import placement_summary
 from agentrl.models.embedded import cache_root, tiny_cache_key
@@ -236,4 +237,4 @@ def _tag_plan(cfg: Config, tag: str) -> TagPlan:
 
 def save_plan(run_plan: RunPlan, run_dir: Path) -> None:
     """Write run_dir/plan.json (beside config.yaml)."""
-    (Path(run_dir) / PLAN_NAME).write_text(json.dumps(run_plan.to_dict(), indent=2) + "\n")
+    write_atomic(Path(run_dir) / PLAN_NAME, json.dumps(run_plan.to_dict(), indent=2) + "\n")
