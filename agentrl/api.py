@@ -167,4 +167,4 @@ class AgentTrainer:
             self.init_workers()
         trainer, self.trainer = self.trainer, None  # a fitted trainer is spent; fit() again rebuilds
         with self._run:
-            return trainer if isinstance(trainer, dict) else trainer.fit(resume=self.resume)
+            return trainer.fit(resume=self.resume)

@@ -59,6 +59,7 @@ from agentrl.registry import load_builtins  # noqa: E402
 from agentrl.rollout.tasks import make_tasks  # noqa: E402
 from agentrl.runtime.build.envs import make_env_factories  # noqa: E402
 from agentrl.runtime.build.learners import build_learners  # noqa: E402
+from agentrl.runtime.plan import plan  # noqa: E402
 from agentrl.runtime.process import seed_everything  # noqa: E402
 from agentrl.train.actor import Actor  # noqa: E402
 from agentrl.train.batch import micro_batches, pack  # noqa: E402
@@ -136,7 +137,7 @@ def section_update(ctx: dict) -> dict:
         variant.model.lora = lora if name == "lora" else LoraConfig()
         with rt.PeakMemory(device) as mem:  # the variant's weights, optimizer state and activations
             # The learners exactly as a run builds them (LoRA, checkpointing, attention kernels).
-            actor, _, _ = build_learners(variant, copy.deepcopy(ctx["model"]), device)
+            actor, _, _ = build_learners(plan(variant), copy.deepcopy(ctx["model"]), device)
             if name == "plain":
                 run = _plain_loop(actor, batch, device)
             else:

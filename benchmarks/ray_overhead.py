@@ -176,7 +176,7 @@ def measure(args: argparse.Namespace, base: list[str], folder: Path, ray_temp: s
     """The runs (unless --skip-runs) and the weight-sync times; the summary."""
     cfg = load_config(CONFIG, base)
     load_builtins()
-    load_policy(cfg, plan(cfg), log=lambda m: print(f"  {m}", file=sys.stderr))
+    load_policy(plan(cfg), log=lambda m: print(f"  {m}", file=sys.stderr))
     model = cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
     summary: dict = {"cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 1), "steps": args.steps,
                      "replicas": args.replicas, "managers": args.managers, "threads": args.threads,

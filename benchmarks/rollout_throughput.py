@@ -60,7 +60,7 @@ from agentrl.models.tiny import build_model, build_tokenizer  # noqa: E402
 from agentrl.rollout.collector import RolloutCollector  # noqa: E402
 from agentrl.rollout.demos import corpus  # noqa: E402
 from agentrl.rollout.tasks import make_tasks  # noqa: E402
-from agentrl.runtime.build.envs import make_agent, make_env_factories  # noqa: E402
+from agentrl.runtime.build.envs import make_agent, make_env_factories, tag_plans  # noqa: E402
 from agentrl.runtime.build.policy import load_policy  # noqa: E402
 from agentrl.runtime.process import seed_everything  # noqa: E402
 from agentrl.runtime.plan import plan  # noqa: E402
@@ -332,7 +332,7 @@ class PeakMemory:
 def run_method(name: str, model, tokenizer, cfg, tag, env_factory, tasks, device, workload=None) -> dict:
     """Play `tasks` with method `name`; returns its measurements."""
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    agent = make_agent(cfg, tag, tokenizer)
+    agent = make_agent(next(t for t in tag_plans(cfg) if t.tag == tag), cfg.rollout, tokenizer)
     engine = None
     if name == "sequential":
         client = SequentialClient(model, pad, eos)
@@ -425,7 +425,7 @@ def build(args, cfg, env_factory):
     if args.weights == "warm":
         if args.model != "tiny":
             raise SystemExit("--weights warm exists only for --model tiny (the warm-started default)")
-        model, tokenizer = load_policy(cfg, plan(cfg), log=lambda m: print(m, file=sys.stderr))
+        model, tokenizer = load_policy(plan(cfg), log=lambda m: print(m, file=sys.stderr))
     else:
         tokenizer = build_tokenizer(corpus(env_factory, max_turns=cfg.env.max_turns, seed=cfg.seed),
                                     cfg.model.tiny.vocab_size)

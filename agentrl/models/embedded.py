@@ -68,18 +68,17 @@ def effective_args(registry: Registry, name: str, args: dict[str, Any]) -> dict[
     return {**out, **args}
 
 
-def load_embedded(cfg: Config, build: Callable[[Path], tuple[Any, Tokenizer]], log: Callable[[str], None],
+def load_embedded(path: Path, dtype: str, build: Callable[[Path], tuple[Any, Tokenizer]], log: Callable[[str], None],
                   tokenizer: Tokenizer | None = None) -> tuple[Any, Tokenizer]:
-    """(model, tokenizer) of the embedded default: the cached one for this config, else
-    `build(tokenizer_dir)`'s, saved to the cache first; the tokenizer's `name_or_path` is a
-    tokenizer folder (for seed agents' `tokenizer_path`); a given `tokenizer` replaces the built one."""
-    key = tiny_cache_key(cfg, tokenizer)
-    path = cache_root(cfg) / f"tiny-{key}"
-    tokenizer_dir = cache_root(cfg) / f"tiny-{key}.tokenizer"
+    """(model, tokenizer) of the embedded default, in `dtype`: the one cached at `path` (the run
+    plan's warm_start_cache: `cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"`), else
+    `build(tokenizer_dir)`'s, saved there first; the tokenizer's `name_or_path` is a tokenizer
+    folder (for seed agents' `tokenizer_path`); a given `tokenizer` replaces the built one."""
+    tokenizer_dir = path.with_name(f"{path.name}.tokenizer")
     model = None
     if (path / "config.json").is_file():
         try:
-            model, loaded = load_pretrained(path, cfg.model.dtype)
+            model, loaded = load_pretrained(path, dtype)
         except ConfigError as e:  # a damaged cache entry is rebuilt, not blamed on model.path
             reason = str(e).split("': ", 1)[-1]
             log(f"warning: the cached tiny model at {path} does not load ({reason}); rebuilding it")
@@ -87,7 +86,7 @@ def load_embedded(cfg: Config, build: Callable[[Path], tuple[Any, Tokenizer]], l
         log(f"building the embedded tiny model (cached at {path})")
         model, built = build(tokenizer_dir)
         save_pretrained(model, built, path)
-        model, loaded = load_pretrained(path, cfg.model.dtype)
+        model, loaded = load_pretrained(path, dtype)
     if tokenizer is None:  # the model folder's config.json could make AutoTokenizer pick another class
         return model, tokenizer_folder(loaded, tokenizer_dir, keep_own=False)
     return model, tokenizer_folder(check_tokenizer(tokenizer, model), tokenizer_dir)

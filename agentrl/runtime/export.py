@@ -42,8 +42,9 @@ def export_run(run_dir: Path, out: Path | None = None, overrides: list[str] = ()
         ckpt, held, _ = found
         if is_adapter_folder(held):
             from agentrl.runtime.build.policy import build_policy  # the run's base model, as training built it
+            from agentrl.runtime.plan import plan
 
-            base, tokenizer, _ = build_policy(cfg, log)
+            base, tokenizer = build_policy(plan(cfg), log)
             model = merged(base, held)
         else:
             model, tokenizer = load_pretrained(held, cfg.model.dtype)

@@ -2,13 +2,16 @@
 
 The local runtime's handle is the `Trainer` itself (train/trainer.py), built in this process;
 the Ray runtime's is `RayRun` (runtime/ray/driver.py), which asks trainer rank 0, a Ray actor, to do the
-same. `open_run` (runtime/local.py) drives either one through these methods alone: resume, then
-fit; `agentrl eval` evaluates through `evaluate`.
+same; a run already finished gets a `FinishedRun`. `open_run` (runtime/local.py) drives any of
+them through these methods alone: resume, then fit; `agentrl eval` evaluates through `evaluate`.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from agentrl.errors import AgentRLError
 
 
 @runtime_checkable
@@ -27,3 +30,28 @@ class RunHandle(Protocol):
 
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on held-out env seeds: the eval/ metrics."""
+
+
+class FinishedRun:
+    """The handle of a run that already reached trainer.total_steps: nothing is built; fitting
+    it gives its summary (resuming it again would only add a second final evaluation)."""
+
+    def __init__(self, run_dir: Path, summary: dict[str, Any]) -> None:
+        self.run_dir, self.summary = run_dir, summary
+
+    @property
+    def step_idx(self) -> int:
+        """The step the run finished at."""
+        return int(self.summary.get("steps", 0))
+
+    def resume(self) -> None:
+        """Nothing to continue."""
+
+    def fit(self, resume: bool = False) -> dict[str, Any]:
+        """The run's summary (summary.json)."""
+        return self.summary
+
+    def evaluate(self) -> dict[str, float]:
+        """Refused in one line: nothing is built for a finished run."""
+        raise AgentRLError(f"run {self.run_dir} is finished (step {self.step_idx}): its final evaluation is in "
+                           f"summary.json; `agentrl eval {self.run_dir}` evaluates its newest checkpoint again")

@@ -14,20 +14,21 @@ from agentrl.config import Config, load_config, save_config
 from agentrl.errors import AgentRLError
 from agentrl.hub import offline
 from agentrl.runtime.build.trainer import build_trainer
-from agentrl.runtime.handle import RunHandle
+from agentrl.runtime.handle import FinishedRun, RunHandle
 from agentrl.runtime.plan import RunPlan, plan, save_plan
 from agentrl.runtime.process import kept_threads
 from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
                                         resume_changes, run_step)
+from agentrl.tokenizer import Tokenizer
 from agentrl.train.checkpoint import remove_partial
 
 
 @contextmanager
-def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Any = None,
-             overwrite: bool = False) -> Iterator[RunHandle | dict[str, Any]]:
+def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Tokenizer | None = None,
+             overwrite: bool = False) -> Iterator[RunHandle]:
     """The run folder, checked and locked while the run writes it, and every part built: yields
-    the run's handle to fit (resumed when `resume`), or the summary of a run that is already
-    finished (resume).
+    the run's handle to fit (resumed when `resume`; a `FinishedRun` for a run that is already
+    finished).
 
     Every check comes before any model is built. A new run makes its plan first (a config
     mistake is the error a user sees, and leaves no folder behind), then refuses a folder that
@@ -47,7 +48,7 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
             if done is not None:  # resuming it again would only append a second final evaluation
                 log(f"run {run_dir} is already finished at step {done['steps']} (trainer.total_steps="
                     f"{cfg.trainer.total_steps}); nothing to do: raise trainer.total_steps to train further")
-                yield done
+                yield FinishedRun(run_dir, done)
                 return
             run_plan = plan(cfg, tokenizer)
         else:
@@ -70,7 +71,7 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
 
 
 @contextmanager
-def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Any,
+def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Tokenizer,
            run_plan: RunPlan) -> Iterator[RunHandle]:
     """The run handle of `cfg` (whose plan is `run_plan`): the trainer built in this process
     (runtime.kind=local), or the handle on its parts placed as Ray actors (runtime.kind=ray,
@@ -84,12 +85,12 @@ def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: An
         yield build_trainer(cfg, run_dir, log, tokenizer, run_plan)
 
 
-def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Any = None,
+def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Tokenizer | None = None,
           overwrite: bool = False) -> dict[str, Any]:
     """Run a whole experiment (or continue it: `resume`); returns the summary (also written to
     run_dir/summary.json)."""
     with open_run(cfg, resume, log, tokenizer, overwrite) as run:
-        return run if isinstance(run, dict) else run.fit()
+        return run.fit()
 
 
 def evaluate_checkpoint(run_dir: Path, overrides: list[str], log: Callable[[str], None] = print

@@ -20,6 +20,7 @@ from agentrl.llm.local.engine import LocalEngine
 from agentrl.llm.server.app import served_model_name, start_server
 from agentrl.models.loading import DTYPES
 from agentrl.runtime.build.policy import build_policy
+from agentrl.runtime.plan import plan
 from agentrl.runtime.process import resolve_device, seed_everything
 from agentrl.runtime.run_folder import check_folder
 
@@ -36,11 +37,13 @@ def serve(cfg: Config, log: Callable[[str], None] = print) -> None:
         raise ConfigError(f"serve.weights_dir={cfg.serve.weights_dir} is not a folder; give the folder the "
                           "server may load weight files from (a run's engine.weights_dir), or null")
     run_dir = check_folder(cfg) if cfg.serve.api_key is None else None  # before the model: errors come first
-    seed_everything(cfg.seed)
-    device = resolve_device(cfg.device)
-    model, tokenizer, _ = build_policy(cfg, log)
-    model = model.to(device=device, dtype=DTYPES[cfg.model.dtype])
-    engine = LocalEngine.from_config(model, tokenizer, cfg.engine, cfg.rollout.max_model_len, seed=cfg.seed)
+    run_plan = plan(cfg)  # every model-free check, before the model is built or warm-started
+    seed_everything(run_plan.seed)
+    device = resolve_device(run_plan.device)
+    model, tokenizer = build_policy(run_plan, log)
+    model = model.to(device=device, dtype=DTYPES[run_plan.model.dtype])
+    engine = LocalEngine.from_config(model, tokenizer, run_plan.engine, run_plan.rollout.max_model_len,
+                                     seed=run_plan.seed)
     name = served_model_name(cfg.serve.served_model_name, cfg.model.path)
     handle = start_server(engine, tokenizer, cfg.serve, model_name=name)
     print(f"agentrl serve: {handle.url} (model {name!r}, OpenAI base_url {handle.url}/v1"

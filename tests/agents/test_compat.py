@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from agentrl.agents.compat import GenerationOutput, SeedAgentAdapter, SeedPrompt, is_seed_agent
-from agentrl.config import Config
 from agentrl.envs.math_grader import shutdown_grader
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion, SamplingParams
@@ -23,7 +22,7 @@ SAMPLING = SamplingParams(max_new_tokens=6)
 
 @pytest.fixture(scope="module", autouse=True)
 def _example():
-    import_user_modules(Config(imports=[EXAMPLE]))
+    import_user_modules([EXAMPLE])
     yield
     shutdown_grader()
 
@@ -32,7 +31,7 @@ def test_example_is_registered_and_detected_as_seed_style():
     agent_cls = AGENTS.get("math-multi-turn")
     assert is_seed_agent(agent_cls) and not is_seed_agent(AGENTS.get("chat"))
     assert "math-code-single-step" in ENVS
-    import_user_modules(Config(imports=[EXAMPLE]))  # a second import registers nothing twice
+    import_user_modules([EXAMPLE])  # a second import registers nothing twice
 
 
 def test_seed_agent_runs_real_episodes_through_the_local_engine(tiny_model, tiny_tokenizer):

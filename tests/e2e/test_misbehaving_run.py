@@ -32,7 +32,7 @@ def tiny_path(tmp_path_factory):
     """A warm-started tiny model for FrozenLake, loaded by the runs below through model.path."""
     cache = tmp_path_factory.mktemp("model_cache")
     cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", [*TINY, f"model.cache_dir={cache}"])
-    load_policy(cfg, plan(cfg), log=lambda m: None)
+    load_policy(plan(cfg), log=lambda m: None)
     return cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
 
 

@@ -16,6 +16,7 @@ from agentrl.llm.local.engine import LocalEngine
 from agentrl.models.loading import load_pretrained, save_pretrained
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.rollout.tasks import TaskSource
+from agentrl.runtime.plan import plan
 from agentrl.runtime.ray.engine_actor import EngineActor
 from agentrl.runtime.ray.engine_client import RayEngineClient
 from agentrl.runtime.ray.weight_sync import FileTransport
@@ -51,7 +52,7 @@ def model_dir(tiny_model, tiny_tokenizer, tmp_path_factory):
 
 def _actor(model_dir, tokenizer):
     cfg = load_config(None, [f"model.path={model_dir}"])
-    return EngineActor(RunSpec(cfg, tokenizer, ModelSource(path=str(model_dir)), 2048, {}), index=0, seed=0)
+    return EngineActor(RunSpec(plan(cfg), cfg, tokenizer, ModelSource(path=str(model_dir)), 2048, {}), index=0, seed=0)
 
 
 def _collector(tokenizer, llm):

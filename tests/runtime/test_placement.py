@@ -48,7 +48,7 @@ def test_a_device_mapping_gives_the_world_size():
 def test_overlapping_mappings_colocate_roles_on_shared_gpus():
     cfg = _cfg(*RAY, "runtime.actor_train.device_mapping=[0,1]", "runtime.actor_infer.device_mapping=[1,2]",
                "runtime.env_managers=2", "runtime.env_manager_num_cpus=0.5")
-    plan = plan_placement(cfg, reference=False, critic=False)
+    plan = plan_placement(cfg.runtime, reference=False, critic=False)
     gpu1 = [w for w in plan.workers if w.gpu == 1]
     assert sorted(w.role for w in gpu1) == ["actor_infer", "actor_train"]
     assert {w.bundle for w in gpu1} == {1} and all(w.gpu_share == 0.5 for w in gpu1)
@@ -59,7 +59,7 @@ def test_overlapping_mappings_colocate_roles_on_shared_gpus():
 
 def test_cpu_roles_that_reserve_nothing_get_no_bundle_but_rank_0_is_pinned():
     cfg = _cfg(*RAY, "runtime.actor_train.num_cpus=0", "runtime.actor_infer.num_cpus=0")
-    plan = plan_placement(cfg, reference=True, critic=True)
+    plan = plan_placement(cfg.runtime, reference=True, critic=True)
     assert plan.bundles == [{HEAD: 0.001}]
     assert [w.role for w in plan.workers] == ["actor_train", "actor_infer", "reference", "critic", "env_manager"]
 
@@ -75,9 +75,9 @@ ONE_NODE = [{"CPU": 2.0, HEAD: 1.0, "memory": 1e9}]
 ])
 def test_an_impossible_placement_names_what_is_missing(overrides, message):
     cfg = _cfg(*RAY, *overrides)
-    plan = plan_placement(cfg, reference=False, critic=False)
+    plan = plan_placement(cfg.runtime, reference=False, critic=False)
     with pytest.raises(ConfigError) as e:
-        check_resources(plan, cfg, {"CPU": 2.0}, ONE_NODE)
+        check_resources(plan, cfg.runtime, {"CPU": 2.0}, ONE_NODE)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -85,17 +85,17 @@ def test_a_bundle_no_single_node_can_hold_is_refused():
     cfg = _cfg(*RAY, "runtime.actor_infer.num_cpus=3")
     nodes = [{"CPU": 2.0, HEAD: 1.0}, {"CPU": 2.0}]
     with pytest.raises(ConfigError, match=r"no node of the cluster can hold \{'CPU': 3.0\}"):
-        check_resources(plan_placement(cfg, False, False), cfg, {"CPU": 4.0}, nodes)
-    check_resources(plan_placement(_cfg(*RAY), False, False), _cfg(*RAY), {"CPU": 4.0}, nodes)  # fits
+        check_resources(plan_placement(cfg.runtime, False, False), cfg.runtime, {"CPU": 4.0}, nodes)
+    check_resources(plan_placement(_cfg(*RAY).runtime, False, False), _cfg(*RAY).runtime, {"CPU": 4.0}, nodes)  # fits
 
 
 def test_the_transport_follows_placement():
     cfg = _cfg(*RAY)
     here, there = {"node": "a"}, {"node": "b"}
-    assert choose_transport(cfg, here, [here, here]) == "shm"
-    assert choose_transport(cfg, here, [here, there]) == "object_store"
-    assert choose_transport(cfg, {"node": "a", "gpu": 0}, [{"node": "a", "gpu": 1}]) == "nccl"
-    assert choose_transport(cfg, {"node": "a", "gpu": 0}, [{"node": "a", "gpu": 0}]) == "shm"  # colocated
-    assert choose_transport(_cfg(*RAY, "runtime.weight_sync=file"), here, [there]) == "file"
+    assert choose_transport(cfg.runtime.weight_sync, here, [here, here]) == "shm"
+    assert choose_transport(cfg.runtime.weight_sync, here, [here, there]) == "object_store"
+    assert choose_transport(cfg.runtime.weight_sync, {"node": "a", "gpu": 0}, [{"node": "a", "gpu": 1}]) == "nccl"
+    assert choose_transport(cfg.runtime.weight_sync, {"node": "a", "gpu": 0}, [{"node": "a", "gpu": 0}]) == "shm"  # colocated
+    assert choose_transport("file", here, [there]) == "file"
     with pytest.raises(ConfigError, match="weight_sync=shm needs every engine on trainer rank 0's node"):
-        choose_transport(_cfg(*RAY, "runtime.weight_sync=shm"), here, [there])
+        choose_transport("shm", here, [there])

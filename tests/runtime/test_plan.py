@@ -2,6 +2,7 @@
 without building a model, a bad key in one line, and plan.json equal to what `agentrl plan`
 prints for the run's config (fresh and resumed)."""
 
+import asyncio
 import json
 import os
 import re
@@ -104,3 +105,55 @@ def test_a_run_writes_the_plan_agentrl_plan_prints_and_logs_it_at_its_start(tmp_
     assert _agentrl("resume", str(run), "trainer.total_steps=3").returncode == 0
     again = json.loads(_agentrl("plan", *args, "trainer.total_steps=3", "--json").stdout)
     assert json.loads((run / "plan.json").read_text()) == again and again["schedule"]["total_steps"] == 3
+
+
+# Every build step reads the plan: the functions that build a run's parts take a RunPlan (or one
+# of its sections), never the whole Config; only making the plan (preflight) reads the config.
+BUILD_STEPS = {
+    "agentrl.runtime.build.trainer": ["build_parts"],
+    "agentrl.runtime.build.policy": ["build_policy", "load_policy", "build_tiny"],
+    "agentrl.runtime.build.rollout": ["build_rollout", "task_source"],
+    "agentrl.runtime.build.engines": ["make_engine"],
+    "agentrl.runtime.build.envs": ["bind", "make_sampling", "make_budget", "make_agent", "make_collector",
+                                   "check_templates", "agent_texts"],
+    "agentrl.runtime.build.seeds": ["seed_texts", "demo_factories"],
+    "agentrl.runtime.build.learners": ["build_learners", "build_reference", "build_critic"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(BUILD_STEPS))
+def test_every_build_step_reads_the_plan_not_the_config(module):
+    import importlib
+    import inspect
+
+    mod = importlib.import_module(module)
+    for name in BUILD_STEPS[module]:
+        hints = {k: str(v.annotation) for k, v in inspect.signature(getattr(mod, name)).parameters.items()}
+        assert not [k for k, h in hints.items() if re.search(r"\bConfig\b", h)], f"{module}.{name} takes a Config: {hints}"
+
+
+def test_a_plan_keeps_its_own_sections_when_the_config_changes_afterwards():
+    from agentrl.runtime.plan import plan
+
+    cfg = load_config(None, TINY)
+    run_plan = plan(cfg)
+    cfg.rollout.temperature, cfg.model.tiny.hidden_size, cfg.engine.kind = 0.5, 64, "remote"
+    assert (run_plan.rollout.temperature, run_plan.model.tiny.hidden_size, run_plan.engine.kind) == (1.0, 32, "local")
+    assert run_plan.to_dict() == plan(load_config(None, TINY)).to_dict()
+
+
+def test_a_plan_sent_to_another_process_binds_env_factories_there(tmp_path):
+    import pickle
+
+    from agentrl.runtime.build.envs import bind
+    from agentrl.runtime.plan import plan
+
+    run_plan = plan(load_config(None, TINY))
+    sent = pickle.loads(pickle.dumps(run_plan.portable()))  # what a Ray actor receives
+    assert sent.factories == {} and sent.to_dict() == run_plan.to_dict()
+    bound = bind(sent)
+    assert list(bound.factories) == list(run_plan.factories)
+    for tag, make_env in bound.factories.items():
+        mine, theirs = make_env(), run_plan.factories[tag]()
+        assert type(mine) is type(theirs) and vars(mine).keys() == vars(theirs).keys()
+        assert asyncio.run(mine.reset(seed=3)) == asyncio.run(theirs.reset(seed=3))

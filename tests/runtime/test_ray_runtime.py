@@ -72,7 +72,7 @@ def cache(tmp_path_factory):
 def _model(cache, overrides):
     """A warm-started tiny model folder (for model.path: both runtimes load the same weights)."""
     cfg = load_config(None, [*overrides, f"model.cache_dir={cache}"])
-    load_policy(cfg, plan(cfg), log=lambda m: None)
+    load_policy(plan(cfg), log=lambda m: None)
     return cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
 
 

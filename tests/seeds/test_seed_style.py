@@ -17,7 +17,6 @@ import pytest
 from helpers import no_new_child_processes
 
 from agentrl.agents.compat import SeedAgentAdapter, is_seed_agent
-from agentrl.config import Config
 from agentrl.envs.math_grader import shutdown_grader
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion, SamplingParams
@@ -59,7 +58,7 @@ def dataset(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def seed_module():
-    import_user_modules(Config(imports=[MODULE]))
+    import_user_modules([MODULE])
     return sys.modules["areal_math_agent"]
 
 
@@ -258,7 +257,7 @@ def test_the_embedded_default_gives_seed_agents_a_tokenizer_folder(tmp_path, dat
                              f"env.args.dataset_path={dataset}", "agent.type=seed-math-multi-turn", *TINY,
                              "model.warm_start.max_steps=1", f"model.cache_dir={tmp_path}"])
     for _ in range(2):  # built, then from the cache
-        _, tokenizer = load_policy(cfg, plan(cfg), log=lambda m: None)
+        _, tokenizer = load_policy(plan(cfg), log=lambda m: None)
         folder = Path(tokenizer.name_or_path)
         assert folder.is_dir() and not (folder / "config.json").exists()
         text = "What is 12 + 345? \\boxed{357}"

@@ -32,6 +32,7 @@ from agentrl.llm.local.sampler import sample_next, stop_string_hit
 from agentrl.llm.local.scheduler import Request, Scheduler, Sequence, check_context
 from agentrl.llm.local.stats import EngineStats
 from agentrl.models.lora import is_adapter_state, load_adapter_state
+from agentrl.tokenizer import Tokenizer
 
 
 class LocalEngine:
@@ -49,7 +50,7 @@ class LocalEngine:
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         kv_on_weight_update: Literal["recompute", "keep"] = "recompute",
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
         seed: int = 0,
         enforce_eager: bool = False,
     ) -> None:
@@ -79,7 +80,7 @@ class LocalEngine:
         self._task: asyncio.Task | None = None
 
     @classmethod
-    def from_config(cls, model: torch.nn.Module, tokenizer: Any, engine: Any, max_model_len: int,
+    def from_config(cls, model: torch.nn.Module, tokenizer: Tokenizer, engine: Any, max_model_len: int,
                     seed: int) -> "LocalEngine":
         """An engine for `model` with the knobs of an `EngineConfig` (max_model_len 0: the model's)."""
         return cls(model, eos_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id,

@@ -50,9 +50,10 @@ from agentrl.llm.server.openai_routes import add_openai_routes, add_session_rout
 from agentrl.llm.server.openai_schema import RequestError
 from agentrl.llm.server.sessions import SessionStore
 from agentrl.llm.server.state import ServerState
+from agentrl.tokenizer import Tokenizer
 
 
-def build_app(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, *, model_name: str | None = None,
+def build_app(engine: Any, tokenizer: Tokenizer, cfg: ServeConfig | None = None, *, model_name: str | None = None,
               engine_loop: asyncio.AbstractEventLoop | None = None, sessions: SessionStore | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (with `tokenizer`) under the caps of `cfg`."""
     cfg = cfg or ServeConfig()
@@ -155,7 +156,7 @@ def _url(host: str, port: int) -> str:
     return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
 
 
-def start_server(engine: Any, tokenizer: Any, cfg: ServeConfig | None = None, host: str | None = None,
+def start_server(engine: Any, tokenizer: Tokenizer, cfg: ServeConfig | None = None, host: str | None = None,
                  port: int | None = None, *, model_name: str | None = None,
                  engine_loop: asyncio.AbstractEventLoop | None = None) -> ServerHandle:
     """Serve `engine` on a background thread (the engine then lives in that thread's loop unless

@@ -19,6 +19,8 @@ import re
 import uuid
 from typing import Any
 
+from agentrl.tokenizer import Tokenizer
+
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -98,7 +100,7 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | None:
     return tools or None
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> str:
+def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> str:
     """The chat template's text for `messages` (a template error is a MessageError)."""
     try:
         kwargs = {"tools": tools} if tools else {}

@@ -18,6 +18,7 @@ from typing import Any
 
 from agentrl.llm.conversation import completion_versions
 from agentrl.llm.server.sessions import Choice
+from agentrl.tokenizer import Tokenizer
 
 
 def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -39,12 +40,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
+def token_texts(tokenizer: Tokenizer, ids: list[int]) -> list[str]:
     """Each id's own text (byte-level pieces of a multi-byte character decode to U+FFFD)."""
     return [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
 
 
-def _chat_logprobs(tokenizer: Any, choice: Choice, top: list[list[tuple[int, float]]] | None) -> dict[str, Any]:
+def _chat_logprobs(tokenizer: Tokenizer, choice: Choice, top: list[list[tuple[int, float]]] | None) -> dict[str, Any]:
     c = choice.completion
     texts = token_texts(tokenizer, c.token_ids)
     content = []
@@ -55,7 +56,7 @@ def _chat_logprobs(tokenizer: Any, choice: Choice, top: list[list[tuple[int, flo
     return {"content": content}
 
 
-def chat_body(model: str, prompt_ids: list[int], choices: list[Choice], tokenizer: Any, *, logprobs: bool,
+def chat_body(model: str, prompt_ids: list[int], choices: list[Choice], tokenizer: Tokenizer, *, logprobs: bool,
               top: list[list[list[tuple[int, float]]]] | None, with_ids: bool, version: int) -> dict[str, Any]:
     """A chat.completion object."""
     out = []
@@ -82,7 +83,7 @@ def _usage(prompt_tokens: int, choices: list[Choice], prompts: int = 1) -> dict[
             "total_tokens": prompt_tokens * prompts + generated}
 
 
-def completion_choice(index: int, prompt_ids: list[int], ch: Choice, tokenizer: Any, logprobs: int | None,
+def completion_choice(index: int, prompt_ids: list[int], ch: Choice, tokenizer: Tokenizer, logprobs: int | None,
                       top: list[list[tuple[int, float]]] | None, with_ids: bool) -> dict[str, Any]:
     """One choice of a text_completion object."""
     item: dict[str, Any] = {"index": index, "text": ch.raw if ch.content is None else ch.content,
@@ -112,7 +113,7 @@ def completion_body(model: str, choices: list[dict[str, Any]], prompt_tokens: in
                       "total_tokens": prompt_tokens + generated}}
 
 
-def text_deltas(tokenizer: Any, ids: list[int], text: str) -> list[tuple[str, list[int]]]:
+def text_deltas(tokenizer: Tokenizer, ids: list[int], text: str) -> list[tuple[str, list[int]]]:
     """`text` (a prefix of the decoded `ids`) cut at token boundaries: (delta, ids) per event; a
     token ending inside a multi-byte character waits for the next one."""
     out: list[tuple[str, list[int]]] = []
@@ -130,7 +131,7 @@ def text_deltas(tokenizer: Any, ids: list[int], text: str) -> list[tuple[str, li
     return out
 
 
-def chat_events(body: dict[str, Any], choices: list[Choice], tokenizer: Any, include_usage: bool) -> Iterator[str]:
+def chat_events(body: dict[str, Any], choices: list[Choice], tokenizer: Tokenizer, include_usage: bool) -> Iterator[str]:
     """The server-sent events of a chat completion `body` (already generated)."""
     base = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
     with_ids = "prompt_token_ids" in body
@@ -173,7 +174,7 @@ def _event(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
-def vllm_body(request_id: str, ch: Choice, tokenizer: Any, logprobs: bool) -> dict[str, Any]:
+def vllm_body(request_id: str, ch: Choice, tokenizer: Tokenizer, logprobs: bool) -> dict[str, Any]:
     """vLLM's GenerateResponse: choices[0].token_ids (+ logprobs.content), our per-id versions."""
     c = ch.completion
     item: dict[str, Any] = {"index": 0, "finish_reason": c.finish_reason, "token_ids": list(c.token_ids),

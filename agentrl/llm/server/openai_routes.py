@@ -28,6 +28,7 @@ from agentrl.llm.server.openai_schema import (ChatRequest, CompletionRequest, Re
 from agentrl.llm.server.sessions import RequestPolicy, Session, in_loop, make_choice
 from agentrl.llm.server.state import ServerState, admitted, check_model, eos_ids, read_json
 from agentrl.llm.weights import top_logprobs
+from agentrl.tokenizer import Tokenizer
 
 
 def add_openai_routes(app: FastAPI, state: ServerState) -> None:
@@ -144,7 +145,7 @@ async def serve_completions(state: ServerState, req: CompletionRequest) -> Any:
     return JSONResponse(body)
 
 
-def _prompts(tokenizer: Any, prompt: Any, limit: int) -> list[list[int]]:
+def _prompts(tokenizer: Tokenizer, prompt: Any, limit: int) -> list[list[int]]:
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:

@@ -33,6 +33,7 @@ from agentrl.llm.conversation import completion_versions, encode_text
 from agentrl.llm.engine import EPISODE, Completion, LLMClient, SamplingParams
 from agentrl.llm.server.chat_messages import normalize_messages, parse_reply, render, same_reply
 from agentrl.llm.server.openai_schema import RequestError, RequestSampling, sampling_params
+from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import TokenRecord
 
 SENTINEL = "\ue000agentrl-reply\ue000"  # a private-use string no template alters: finds a reply's closing
@@ -73,7 +74,7 @@ class Choice:
     finish_reason: str  # stop | length | tool_calls | abort
 
 
-def make_choice(tokenizer: Any, completion: Completion, tools: bool) -> Choice:
+def make_choice(tokenizer: Tokenizer, completion: Completion, tools: bool) -> Choice:
     """The message a completion becomes: its text without the EOS (and without the stop string,
     as OpenAI does), tool calls parsed when the request gave tools."""
     ids = list(completion.token_ids)
@@ -114,7 +115,7 @@ class Reply:
 class Session:
     """One episode's calls, the token record built from them, and its reward."""
 
-    def __init__(self, sid: str, tokenizer: Any, llm: LLMClient, loop: asyncio.AbstractEventLoop | None,
+    def __init__(self, sid: str, tokenizer: Tokenizer, llm: LLMClient, loop: asyncio.AbstractEventLoop | None,
                  policy: SessionPolicy, episode: object | None = None) -> None:
         self.id = sid
         self.tokenizer = tokenizer
@@ -282,7 +283,7 @@ class SessionStore:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def open(self, tokenizer: Any, llm: LLMClient, loop: asyncio.AbstractEventLoop | None, policy: SessionPolicy,
+    def open(self, tokenizer: Tokenizer, llm: LLMClient, loop: asyncio.AbstractEventLoop | None, policy: SessionPolicy,
              episode: object | None = None) -> Session:
         """A new session generating with `llm` in `loop`."""
         with self._lock:

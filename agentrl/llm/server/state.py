@@ -23,6 +23,7 @@ from agentrl.config.serve import ServeConfig
 from agentrl.llm.server.guard import read_body
 from agentrl.llm.server.openai_schema import RequestError
 from agentrl.llm.server.sessions import SessionStore, in_loop
+from agentrl.tokenizer import Tokenizer
 
 # JSON text that may decode to a lone UTF-16 surrogate: an escape of one (a valid pair matches
 # too, and is then let through) or the CESU-8 bytes of one (json decodes bytes with surrogatepass).
@@ -34,7 +35,7 @@ class ServerState:
     """What the routes share: the engine and where it lives, the tokenizer, caps, sessions."""
 
     engine: Any  # an InferenceEngine, or None for a server that only hosts sessions
-    tokenizer: Any
+    tokenizer: Tokenizer
     cfg: ServeConfig
     model_name: str
     engine_loop: asyncio.AbstractEventLoop | None = None  # None: the server's own loop
@@ -113,6 +114,6 @@ def check_model(state: ServerState, model: str | None) -> None:
                            "model", "model_not_found")
 
 
-def eos_ids(tokenizer: Any) -> tuple[int, ...]:
+def eos_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
     """The ids that end a reply."""
     return (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()

@@ -23,6 +23,8 @@ from agentrl.llm.local.engine import LocalEngine
 from agentrl.llm.remote.engine import RemoteEngine, check_server, server_info
 from agentrl.models.embedded import fingerprint
 from agentrl.models.loading import DTYPES
+from agentrl.runtime.build.plan_types import RunPlan
+from agentrl.tokenizer import Tokenizer
 
 
 def check_serving(cfg: Config) -> None:
@@ -61,13 +63,13 @@ def engine_key(cfg: Config) -> str | None:
     return key[0].strip()
 
 
-def make_engine(cfg: Config, model: Any, tokenizer: Any, device: torch.device) -> Any:
+def make_engine(run_plan: RunPlan, model: Any, tokenizer: Tokenizer, device: torch.device) -> Any:
     """The run's engine: a copy of `model` in this process, or the servers of engine.urls."""
-    e = cfg.engine
+    e = run_plan.engine
     if e.kind == "local":
-        engine_model = copy.deepcopy(model).to(device=device, dtype=DTYPES[cfg.model.dtype])
-        return LocalEngine.from_config(engine_model, tokenizer, e, cfg.rollout.max_model_len, seed=cfg.seed)
-    key = engine_key(cfg)
+        engine_model = copy.deepcopy(model).to(device=device, dtype=DTYPES[run_plan.model.dtype])
+        return LocalEngine.from_config(engine_model, tokenizer, e, run_plan.rollout.max_model_len, seed=run_plan.seed)
+    key = run_plan.engine_key
     if e.protocol == "agentrl":
         ours = fingerprint(tokenizer)
         for i, url in enumerate(e.urls):
@@ -76,6 +78,6 @@ def make_engine(cfg: Config, model: Any, tokenizer: Any, device: torch.device) -
                 raise ConfigError(f"engine.urls[{i}]={url} serves a model with another tokenizer than this run's; "
                                   "start it from the same config (model.path, model.tiny, env) as the run")
     engine = RemoteEngine(e.urls, e.protocol, api_key=key, timeout=e.request_timeout, max_retries=e.max_retries,
-                          weights_dir=e.weights_dir, model_config=getattr(model, "config", None), seed=cfg.seed)
+                          weights_dir=e.weights_dir, model_config=getattr(model, "config", None), seed=run_plan.seed)
     engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, version=0)
     return engine

@@ -3,9 +3,10 @@
 A run's env definitions are `cfg.env_definitions()`: the `custom_envs` sections, or the one
 `env` section under its type's name. For every tag this module checks the env type and its
 arguments (building one env, so a bad value or a dataset file without a `question` column
-fails now, in one line), builds the agent that plays it (a seed-style agent is wrapped in
-`SeedAgentAdapter`), and checks that the tokenizer's chat template is prefix-preserving for the
-conversations those agents build.
+fails now, in one line) and records the tag's plan (`tag_plans`: its env, its agent's class and
+arguments, a seed-style agent's rows); from the plan it builds the agent that plays the tag (a
+seed-style agent is wrapped in `SeedAgentAdapter`) and the collector, and checks that the
+tokenizer's chat template is prefix-preserving for the conversations those agents build.
 """
 
 from __future__ import annotations
@@ -17,19 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.agents.compat import SeedAgentAdapter, is_seed_agent
-from agentrl.agents.seed_data import SeedRow, load_rows
-from agentrl.config import Config
+from agentrl.agents.seed_data import load_rows
+from agentrl.config import Config, RolloutConfig
 from agentrl.envs.service import close_env
 from agentrl.errors import AgentRLError, ConfigError, EnvError, RegistryError
 from agentrl.llm.conversation import TokenBudget, check_chat_template
 from agentrl.llm.engine import SamplingParams
 from agentrl.registry import AGENTS, ENVS, import_file, load_builtins
 from agentrl.rollout.collector import RolloutCollector, TagSpec
+from agentrl.runtime.build.plan_types import RunPlan, TagPlan
+from agentrl.tokenizer import Tokenizer
 
 
-def import_user_modules(cfg: Config) -> None:
-    """Import `cfg.imports` (module names or .py paths), once per process."""
-    for name in cfg.imports:
+def import_user_modules(imports: list[str] | tuple[str, ...]) -> None:
+    """Import the user's modules (the config's `imports`: module names or .py paths), once per process."""
+    for name in imports:
         try:
             if name.endswith(".py"):
                 import_file(Path(name))
@@ -55,6 +58,24 @@ def make_env_factories(cfg: Config) -> dict[str, Callable[[], Any]]:
             for tag, definition in cfg.env_definitions().items()}
 
 
+def bind(run_plan: RunPlan) -> RunPlan:
+    """`run_plan` with env factories of this process (one sent from another process has none):
+    the registered classes, looked up after the user's modules are imported; not checked again
+    (the plan's preflight built one env of each)."""
+    if run_plan.factories:
+        return run_plan
+    load_builtins()
+    return run_plan.with_factories({t.tag: _constructor(ENVS.get(t.env_type), dict(t.env_args))
+                                    for t in run_plan.tags})
+
+
+def _constructor(cls: type, args: dict[str, Any]) -> Callable[[], Any]:
+    def factory():
+        return cls(**args)
+
+    return factory
+
+
 def _env_factory(env_type: str, env_args: dict, section: str) -> Callable[[], Any]:
     try:
         cls = ENVS.get(env_type)
@@ -66,11 +87,7 @@ def _env_factory(env_type: str, env_args: dict, section: str) -> Callable[[], An
         if unknown:
             raise ConfigError(f"{section}.args.{unknown[0]} is not an argument of env type '{env_type}'; "
                               f"accepted: {', '.join(params)}")
-    args = dict(env_args)
-
-    def factory():
-        return cls(**args)
-
+    factory = _constructor(cls, dict(env_args))
     # Bad argument values fail now, not inside the first episode; so does a close() that raises.
     try:
         env = factory()
@@ -79,7 +96,7 @@ def _env_factory(env_type: str, env_args: dict, section: str) -> Callable[[], An
     except AgentRLError:
         raise
     except Exception as e:
-        raise ConfigError(f"{section}: env type '{env_type}' could not be built with args {args}: "
+        raise ConfigError(f"{section}: env type '{env_type}' could not be built with args {env_args}: "
                           f"{type(e).__name__}: {_first_line(e)}") from None
     try:
         close_env(env)  # optional: seed-style envs have reset and step only
@@ -93,29 +110,35 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0]
 
 
-def make_sampling(cfg: Config, tokenizer) -> SamplingParams:
-    """Training-time sampling parameters from the rollout config."""
-    r = cfg.rollout
+def make_sampling(rollout: RolloutConfig, tokenizer: Tokenizer) -> SamplingParams:
+    """Training-time sampling parameters from the rollout section."""
+    r = rollout
     return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                           max_new_tokens=r.max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,))
 
 
-def make_budget(cfg: Config, model_context: int) -> TokenBudget:
+def make_budget(run_plan: RunPlan, model_context: int) -> TokenBudget:
     """The episode limits: rollout.max_episode_tokens, and the context (rollout.max_model_len or
     the model's own)."""
-    context = cfg.rollout.max_model_len or model_context
+    r = run_plan.rollout
+    context = r.max_model_len or model_context
     if context > model_context:
         raise ConfigError(f"rollout.max_model_len={context} exceeds the model's context of {model_context} "
                           "tokens (max_position_embeddings)")
-    return TokenBudget(episode_tokens=cfg.rollout.max_episode_tokens, context=context)
+    return TokenBudget(episode_tokens=r.max_episode_tokens, context=context)
 
 
-def agent_class(cfg: Config, tag: str) -> tuple[type, str]:
-    """The registered agent class that plays `tag`, and the config section that names it;
-    its args are checked against its constructor (seed-style classes take theirs as they are)."""
-    section = f"custom_envs.{tag}.agent" if cfg.env_definitions()[tag].agent is not None else "agent"
-    agent_cfg = cfg.agent_for(tag)
+def tag_plans(cfg: Config) -> tuple[TagPlan, ...]:
+    """The plan of every env tag of `cfg`: its agent's type and args are checked against the
+    registered class (seed-style classes take theirs as they are), a seed-style agent's dataset
+    is read."""
     load_builtins()
+    return tuple(_tag_plan(cfg, tag) for tag in cfg.env_definitions())
+
+
+def _tag_plan(cfg: Config, tag: str) -> TagPlan:
+    definition, agent_cfg = cfg.env_definitions()[tag], cfg.agent_for(tag)
+    section = f"custom_envs.{tag}.agent" if definition.agent is not None else "agent"
     try:
         cls = AGENTS.get(agent_cfg.type)
     except RegistryError as e:
@@ -126,88 +149,74 @@ def agent_class(cfg: Config, tag: str) -> tuple[type, str]:
         if unknown:
             raise ConfigError(f"{section}.args.{unknown[0]} is not an argument of agent type '{agent_cfg.type}'; "
                               f"accepted: {', '.join(params)}")
-    return cls, section
+    seed_style = is_seed_agent(cls)
+    dataset = _seed_dataset(definition.type, definition.args) if seed_style else None
+    rows = (load_rows(dataset, f"{where(cfg, tag)}.args.dataset_path") if dataset else ()) if seed_style else None
+    return TagPlan(tag=tag, env_type=definition.type, env_args=dict(definition.args), max_turns=definition.max_turns,
+                   env_section=where(cfg, tag), agent_type=agent_cfg.type,
+                   agent_class=f"{cls.__module__}.{cls.__qualname__}", agent_args=dict(agent_cfg.args),
+                   agent_section=section, system_prompt=agent_cfg.system_prompt, seed_dataset=dataset, rows=rows)
 
 
-def check_agents(cfg: Config) -> None:
-    """Fail now on an unknown agent type or argument of any tag."""
-    for tag in cfg.env_definitions():
-        agent_class(cfg, tag)
-
-
-def make_agent(cfg: Config, tag: str, tokenizer, budget: TokenBudget | None = None) -> Any:
-    """The agent that plays `tag`: the env's own agent section, else the top-level one."""
-    cls, section = agent_class(cfg, tag)
-    definition, agent_cfg = cfg.env_definitions()[tag], cfg.agent_for(tag)
-    sampling = make_sampling(cfg, tokenizer)
-    if is_seed_agent(cls):
-        return SeedAgentAdapter.from_class(cls, tokenizer, sampling, definition.max_turns, agent_cfg.system_prompt,
-                                           budget, agent_cfg.args, section, seed_rows(cfg, tag),
-                                           f"{where(cfg, tag)}.args.dataset_path")
+def make_agent(tag: TagPlan, rollout: RolloutConfig, tokenizer: Tokenizer, budget: TokenBudget | None = None) -> Any:
+    """The agent that plays `tag` (sampling as the rollout section says)."""
+    cls = AGENTS.get(tag.agent_type)
+    sampling = make_sampling(rollout, tokenizer)
+    if tag.seed_style:
+        return SeedAgentAdapter.from_class(cls, tokenizer, sampling, tag.max_turns, tag.system_prompt,
+                                           budget, tag.agent_args, tag.agent_section, tag.rows,
+                                           f"{tag.env_section}.args.dataset_path")
     params = inspect.signature(cls).parameters
-    kwargs = dict(tokenizer=tokenizer, sampling=sampling, max_turns=definition.max_turns,
-                  system_prompt=agent_cfg.system_prompt)
+    kwargs = dict(tokenizer=tokenizer, sampling=sampling, max_turns=tag.max_turns, system_prompt=tag.system_prompt)
     if budget is not None and ("budget" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())):
         kwargs["budget"] = budget  # agents written before budgets existed still work
     try:
-        return cls(**kwargs, **agent_cfg.args)
+        return cls(**kwargs, **tag.agent_args)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{section}: {e}") from None
+        raise ConfigError(f"{tag.agent_section}: {e}") from None
 
 
-def make_tag_specs(cfg: Config, tokenizer, factories: dict[str, Callable[[], Any]],
-                   budget: TokenBudget | None = None,
-                   wrap: Callable[[Callable], Callable] = lambda f: f) -> dict[str, TagSpec]:
-    """{tag: TagSpec(env factory, agent)} for the collector; `wrap` decorates each env factory."""
-    return {tag: TagSpec(wrap(factories[tag]), make_agent(cfg, tag, tokenizer, budget)) for tag in factories}
-
-
-def make_collector(cfg: Config, tokenizer, factories: dict[str, Callable[[], Any]], llm: Any,
-                   budget: TokenBudget | None = None, vocab_size: int | None = None,
+def make_collector(run_plan: RunPlan, tokenizer: Tokenizer, llm: Any, budget: TokenBudget | None = None,
+                   vocab_size: int | None = None, factories: dict[str, Callable[[], Any]] | None = None,
                    wrap: Callable[[Callable], Callable] = lambda f: f) -> RolloutCollector:
-    """The collector of every tag's envs and agents against `llm`, guarded as the rollout section
-    says (episode timeout, retries) and checking what agents return against `vocab_size`; the one
-    place a run builds one (training, the warm start, Ray's env managers)."""
-    return RolloutCollector(make_tag_specs(cfg, tokenizer, factories, budget, wrap), llm,
-                            timeout=cfg.rollout.episode_timeout, max_retries=cfg.rollout.max_retries,
-                            vocab_size=vocab_size)
+    """The collector of every tag's envs (`factories`: those of the plan, or a subset) and agents
+    against `llm`, guarded as the rollout section says (episode timeout, retries) and checking
+    what agents return against `vocab_size`; the one place a run builds one (training, the warm
+    start, Ray's env managers). `wrap` decorates each env factory."""
+    factories = run_plan.factories if factories is None else factories
+    r = run_plan.rollout
+    specs = {t.tag: TagSpec(wrap(factories[t.tag]), make_agent(t, r, tokenizer, budget))
+             for t in run_plan.tags if t.tag in factories}
+    return RolloutCollector(specs, llm, timeout=r.episode_timeout, max_retries=r.max_retries, vocab_size=vocab_size)
 
 
-def check_templates(cfg: Config, tokenizer) -> None:
+def check_templates(run_plan: RunPlan, tokenizer: Tokenizer) -> None:
     """Fail now if the chat template is not prefix-preserving for any agent's conversation."""
-    for prompt in dict.fromkeys(cfg.agent_for(tag).system_prompt for tag in cfg.env_definitions()):
+    for prompt in dict.fromkeys(t.system_prompt for t in run_plan.tags):
         check_chat_template(tokenizer, prompt)
 
 
-def agent_texts(cfg: Config) -> list[str]:
+def agent_texts(run_plan: RunPlan) -> list[str]:
     """Fixed text the run's agents write (system prompts, feedback), for the tiny tokenizer."""
     texts = []
-    for tag in cfg.env_definitions():
-        agent_cfg = cfg.agent_for(tag)
-        if agent_cfg.system_prompt:
-            texts.append(f"system\n{agent_cfg.system_prompt}")
-        cls = AGENTS.get(agent_cfg.type) if agent_cfg.type in AGENTS else None
-        if cls is not None and hasattr(cls, "corpus_texts"):
-            texts.extend(f"user\n{t}" for t in cls.corpus_texts(agent_cfg.args))
+    for t in run_plan.tags:
+        if t.system_prompt:
+            texts.append(f"system\n{t.system_prompt}")
+        cls = AGENTS.get(t.agent_type)
+        if hasattr(cls, "corpus_texts"):
+            texts.extend(f"user\n{line}" for line in cls.corpus_texts(t.agent_args))
     return texts
 
 
-def seed_dataset(cfg: Config, tag: str) -> str | None:
+def _seed_dataset(env_type: str, env_args: dict[str, Any]) -> str | None:
     """The dataset of a seed-style tag: its env's `dataset_path` argument (as the seeds build
     their env), else that parameter's default in the env's constructor; None without one."""
-    definition = cfg.env_definitions()[tag]
-    path = definition.args.get("dataset_path")
-    if path is None and definition.type in ENVS:
-        param = _parameters(ENVS.get(definition.type)).get("dataset_path")
+    path = env_args.get("dataset_path")
+    if path is None and env_type in ENVS:
+        param = _parameters(ENVS.get(env_type)).get("dataset_path")
         if param is not None and isinstance(param.default, (str, Path)):
             path = param.default
     return str(path) if path else None
-
-
-def seed_rows(cfg: Config, tag: str) -> tuple[SeedRow, ...]:
-    """The prompts a seed-style agent of `tag` is fed when its env's reset gives no question."""
-    path = seed_dataset(cfg, tag)
-    return load_rows(path, f"{where(cfg, tag)}.args.dataset_path") if path else ()
 
 
 def _parameters(cls: Any) -> dict[str, inspect.Parameter]:
@@ -215,9 +224,3 @@ def _parameters(cls: Any) -> dict[str, inspect.Parameter]:
         return dict(inspect.signature(cls).parameters)
     except (TypeError, ValueError):
         return {}
-
-
-def is_seed_tag(cfg: Config, tag: str) -> bool:
-    """Whether `tag` is played by a seed-style agent (its env steps take (qid, answers))."""
-    name = cfg.agent_for(tag).type
-    return name in AGENTS and is_seed_agent(AGENTS.get(name))

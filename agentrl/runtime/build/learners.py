@@ -1,5 +1,6 @@
 """The learning side of a run: the actor that updates the policy (with LoRA adapters when
-model.lora.rank > 0), and the reference and critic when the config uses them."""
+model.lora.rank > 0), and the reference and critic when the run uses them (all read from the
+run's plan)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,19 @@ from typing import Any
 
 import torch
 
-from agentrl.config import Config
 from agentrl.models.lora import apply_lora
+from agentrl.runtime.build.plan_types import RunPlan
 from agentrl.runtime.process import seed_everything
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel
 from agentrl.train.forward import ForwardOptions
 
 
-def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor, Reference | None, Critic | None]:
+def build_learners(run_plan: RunPlan, model: Any, device: torch.device
+                   ) -> tuple[Actor, Reference | None, Critic | None]:
     """The actor that updates `model` (wrapped with LoRA adapters when model.lora.rank > 0), and
-    the reference and critic when the config uses them."""
-    m = cfg.model
+    the reference and critic when the run uses them."""
+    m = run_plan.model
     if m.use_remove_padding and packed_kernels_available(model, device):
         # Variable-length kernels: packed sequences cost what their own lengths cost. Without
         # them sdpa gets a block-diagonal mask: right, but its attention computes the masked blocks.
@@ -27,40 +29,28 @@ def build_learners(cfg: Config, model: Any, device: torch.device) -> tuple[Actor
     if m.enable_gradient_checkpointing:
         # Non-reentrant checkpointing needs no input that requires grad (a frozen LoRA base).
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    policy = apply_lora(model, m.lora, cfg.seed) if m.lora.enabled else model
-    actor = Actor(policy, cfg.actor, temperature=cfg.rollout.temperature, horizon=update_horizon(cfg),
+    policy = apply_lora(model, m.lora, run_plan.seed) if m.lora.enabled else model
+    actor = Actor(policy, run_plan.actor, temperature=run_plan.rollout.temperature, horizon=run_plan.update_horizon,
                   packed=m.use_remove_padding)
     # With LoRA the reference is the policy with its adapters off: no copy.
-    reference = (build_reference(cfg, policy if m.lora.enabled else copy.deepcopy(model))
-                 if needs_reference(cfg) else None)
-    critic = build_critic(cfg, policy, device) if cfg.critic.enable else None
+    reference = (build_reference(run_plan, policy if m.lora.enabled else copy.deepcopy(model))
+                 if run_plan.reference else None)
+    critic = build_critic(run_plan, policy, device) if run_plan.critic.enable else None
     return actor, reference, critic
 
 
-def update_horizon(cfg: Config) -> float:
-    """The most tokens an episode generates: the constant of the *-token-sum-norm loss modes."""
-    horizon = float(cfg.rollout.max_new_tokens * cfg.max_turns())
-    if cfg.rollout.max_episode_tokens:
-        horizon = min(horizon, float(cfg.rollout.max_episode_tokens))
-    return horizon
-
-
-def needs_reference(cfg: Config) -> bool:
-    """The reference exists only when a KL term needs it: it costs a model copy and a forward."""
-    return cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-
-
-def build_reference(cfg: Config, model: Any) -> Reference:
+def build_reference(run_plan: RunPlan, model: Any) -> Reference:
     """The frozen reference policy, from its own copy of the starting model."""
-    options = ForwardOptions(cfg.actor.micro_batch_size, cfg.actor.max_tokens_per_micro_batch,
-                             cfg.model.use_remove_padding)
-    return Reference(model, options, cfg.rollout.temperature)
+    a = run_plan.actor
+    options = ForwardOptions(a.micro_batch_size, a.max_tokens_per_micro_batch, run_plan.model.use_remove_padding)
+    return Reference(model, options, run_plan.rollout.temperature)
 
 
-def build_critic(cfg: Config, model: Any, device: torch.device) -> Critic:
+def build_critic(run_plan: RunPlan, model: Any, device: torch.device) -> Critic:
     """The critic: the policy's body with a fresh value head (seeded: the same in every runtime)."""
-    seed_everything(cfg.seed)
-    return Critic(ValueModel(model).to(device), cfg.critic, update_horizon(cfg), packed=cfg.model.use_remove_padding)
+    seed_everything(run_plan.seed)
+    return Critic(ValueModel(model).to(device), run_plan.critic, run_plan.update_horizon,
+                  packed=run_plan.model.use_remove_padding)
 
 
 def packed_kernels_available(model: Any, device: torch.device) -> bool:

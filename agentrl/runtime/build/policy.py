@@ -9,28 +9,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import Config
-from agentrl.models.embedded import cache_root, check_tokenizer, fingerprint, load_embedded, tokenizer_folder
+from agentrl.models.embedded import check_tokenizer, fingerprint, load_embedded, tokenizer_folder
 from agentrl.models.loading import load_pretrained
 from agentrl.rollout.collector import check_failed
 from agentrl.rollout.tasks import TaskSource
-from agentrl.runtime.build.envs import agent_texts, check_templates, is_seed_tag, make_budget, make_collector
+from agentrl.runtime.build.envs import agent_texts, check_templates, make_budget, make_collector
+from agentrl.runtime.build.plan_types import RunPlan
 from agentrl.runtime.build.seeds import demo_factories, seed_texts
-from agentrl.runtime.plan import RunPlan, plan
 from agentrl.runtime.process import kept_threads, pin_threads
+from agentrl.tokenizer import Tokenizer
 
 
-def build_policy(cfg: Config, log: Callable[[str], None], tokenizer: Any = None,
-                 run_plan: RunPlan | None = None) -> tuple[Any, Any, RunPlan]:
-    """(model, tokenizer, the run's plan), after every check that needs no model (the plan is
-    made here unless the caller made it); from here on this process computes with the run's
-    torch threads (the warm start included)."""
-    pin_threads(cfg.runtime.num_threads)
-    if run_plan is None:
-        run_plan = plan(cfg, tokenizer)  # every model-free check, before the model is built or warm-started
-    model, tokenizer = load_policy(cfg, run_plan, log, tokenizer)
-    check_templates(cfg, tokenizer)
-    return model, tokenizer, run_plan
+def build_policy(run_plan: RunPlan, log: Callable[[str], None], tokenizer: Tokenizer | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) of the run whose plan (every model-free check passed) is `run_plan`;
+    from here on this process computes with the run's torch threads (the warm start included)."""
+    pin_threads(run_plan.runtime.num_threads)
+    model, tokenizer = load_policy(run_plan, log, tokenizer)
+    check_templates(run_plan, tokenizer)
+    return model, tokenizer
 
 
 def model_context(model: Any) -> int:
@@ -43,24 +39,25 @@ def model_vocab(model: Any) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
-def load_policy(cfg: Config, run_plan: RunPlan, log: Callable[[str], None],
-                tokenizer: Any = None) -> tuple[Any, Any]:
+def load_policy(run_plan: RunPlan, log: Callable[[str], None], tokenizer: Tokenizer | None = None) -> tuple[Any, Any]:
     """(model, tokenizer): from model.path, or the cached / freshly warm-started tiny default
     (whose tokenizer's `name_or_path` is a tokenizer folder, for seed agents' `tokenizer_path`);
-    a given `tokenizer` replaces the folder's (and the tiny default is built on it). `run_plan`
-    is the plan of `cfg` (runtime/plan.py): its envs demonstrate the warm start."""
-    if cfg.model.path:
-        model, loaded = load_pretrained(cfg.model.path, cfg.model.dtype)
+    a given `tokenizer` replaces the folder's (and the tiny default is built on it). The plan's
+    envs demonstrate the warm start."""
+    m = run_plan.model
+    if m.path:
+        model, loaded = load_pretrained(m.path, m.dtype)
         if tokenizer is None:
             return model, loaded
-        folder = cache_root(cfg) / f"tokenizer-{fingerprint(tokenizer)}"  # for a tokenizer held in memory only
+        folder = Path(run_plan.cache_dir) / f"tokenizer-{fingerprint(tokenizer)}"  # a tokenizer held in memory only
         return model, tokenizer_folder(check_tokenizer(tokenizer, model), folder)
     # The warm start computes on the run's threads, whoever calls (its cache key holds the count).
-    with kept_threads(cfg.runtime.num_threads):
-        return load_embedded(cfg, lambda folder: build_tiny(cfg, run_plan, log, tokenizer, folder), log, tokenizer)
+    with kept_threads(run_plan.runtime.num_threads):
+        return load_embedded(Path(run_plan.warm_start_cache), m.dtype,
+                             lambda folder: build_tiny(run_plan, log, tokenizer, folder), log, tokenizer)
 
 
-def build_tiny(cfg: Config, run_plan: RunPlan, log: Callable[[str], None], tokenizer: Any = None,
+def build_tiny(run_plan: RunPlan, log: Callable[[str], None], tokenizer: Tokenizer | None = None,
                tokenizer_dir: Path | None = None) -> tuple[Any, Any]:
     """Train the tokenizer on every env of the run (unless one is given), build the tiny model and
     warm-start it on demonstrations of every tag that can give them, in the proportions of the
@@ -69,42 +66,43 @@ def build_tiny(cfg: Config, run_plan: RunPlan, log: Callable[[str], None], token
     from agentrl.rollout.demos import ScriptedClient, corpus
     from agentrl.train.warm_start import warm_start
 
-    turns = {t.tag: t.max_turns for t in run_plan.tags}
+    r, m = run_plan.rollout, run_plan.model
 
     def texts():
-        for tag, make_env in run_plan.factories.items():
-            yield from corpus(make_env, max_turns=turns[tag], seed=cfg.seed,
-                              step=not is_seed_tag(cfg, tag), timeout=cfg.rollout.episode_timeout,
-                              max_failed_fraction=cfg.rollout.max_failed_fraction, name=f"tag {tag}")
-        yield from agent_texts(cfg)
-        yield from seed_texts(cfg)
+        for t in run_plan.tags:
+            yield from corpus(run_plan.factories[t.tag], max_turns=t.max_turns, seed=run_plan.seed,
+                              step=not t.seed_style, timeout=r.episode_timeout,
+                              max_failed_fraction=r.max_failed_fraction, name=f"tag {t.tag}")
+        yield from agent_texts(run_plan)
+        yield from seed_texts(run_plan)
 
     if tokenizer is None:
         # Played here, before training starts: tokenizers pulls an iterator from its own threads,
         # where the wait on the envs' random play could not take a Ctrl-C.
-        tokenizer = build_tokenizer(list(texts()), cfg.model.tiny.vocab_size)
+        tokenizer = build_tokenizer(list(texts()), m.tiny.vocab_size)
     if tokenizer_dir is not None:
         tokenizer_folder(tokenizer, tokenizer_dir)  # seed agents load theirs from tokenizer_path
-    model = build_model(cfg.model.tiny, tokenizer, seed=cfg.seed)
-    shown = demo_factories(cfg, run_plan.factories, log)
-    plan = [t for t in run_plan.train_groups if t in shown]
-    if not plan:
+    model = build_model(m.tiny, tokenizer, seed=run_plan.seed)
+    shown = demo_factories(run_plan, log)
+    mix = [t for t in run_plan.train_groups if t in shown]
+    if not mix:
         log("warm start skipped: no env of this run can demonstrate a reply (no sample_action, no dataset answers)")
         return model.eval(), tokenizer
     client = ScriptedClient(tokenizer)
-    budget = make_budget(cfg, model_context(model))
+    budget = make_budget(run_plan, model_context(model))
     # Demonstrations play the user's envs as training does: timeouts, retries, failures recorded.
-    collector = make_collector(cfg, tokenizer, shown, client, budget, model_vocab(model), wrap=client.wrap)
-    ws = cfg.model.warm_start
-    demo_tags = [plan[i * len(plan) // ws.batch_size] for i in range(ws.batch_size)]  # the batch's mix
+    collector = make_collector(run_plan, tokenizer, client, budget, model_vocab(model), factories=shown,
+                               wrap=client.wrap)
+    ws = m.warm_start
+    demo_tags = [mix[i * len(mix) // ws.batch_size] for i in range(ws.batch_size)]  # the batch's mix
 
     failed: list[str] = []  # every failed attempt of a demonstration, said once at the end
 
     def demos(step: int):
-        tasks = TaskSource(cfg.seed, 1, ()).demonstrations(step, demo_tags)
+        tasks = TaskSource(run_plan.seed, 1, ()).demonstrations(step, demo_tags)
         client.reset_entropy()
         result = collector.collect(tasks)
-        check_failed(result, cfg.rollout.max_failed_fraction, f"warm start step {step}: demonstrations")
+        check_failed(result, r.max_failed_fraction, f"warm start step {step}: demonstrations")
         failed.extend(result.errors)
         # TODO: the entropy floor also counts replies of failed episodes (rare; it only nudges when to stop).
         return result.trajectories, client.reply_entropy

@@ -12,10 +12,10 @@ modules (against a weightless skeleton of the model on the meta device).
 
 from __future__ import annotations
 
-import copy
 import json
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +23,22 @@ from agentrl.config import Config
 from agentrl.errors import ConfigError, RegistryError, shown
 from agentrl.registry import ESTIMATORS, load_builtins
 from agentrl.runtime.build.engines import check_serving
-from agentrl.runtime.build.envs import check_agents, import_user_modules, make_agent, make_env_factories
+from agentrl.runtime.build.envs import import_user_modules, make_agent, make_env_factories, tag_plans
+from agentrl.runtime.build.plan_types import TagPlan
 
 
-def preflight(cfg: Config) -> dict[str, Callable[[], Any]]:
-    """Run every model-free check of `cfg`; returns the env factories (one per tag)."""
+def preflight(cfg: Config) -> tuple[dict[str, Callable[[], Any]], tuple[TagPlan, ...]]:
+    """Run every model-free check of `cfg`; returns the env factories and the plan of every tag."""
     load_builtins()
-    import_user_modules(cfg)  # first: a user's file may register the estimator or loss named below
+    import_user_modules(cfg.imports)  # first: a user's file may register the estimator or loss named below
     check_estimator(cfg)
     check_context(cfg)
     check_lora(cfg)
     factories = make_env_factories(cfg)
-    check_agents(cfg)
-    check_agent_args(cfg)
+    tags = tag_plans(cfg)  # agent types and argument names
+    check_agent_args(cfg, tags)
     check_serving(cfg)  # remote servers answer, OpenAI-client agents' entries import
-    return factories
+    return factories, tags
 
 
 def check_estimator(cfg: Config) -> None:
@@ -120,41 +121,37 @@ class StandInTokenizer:
         return str(self.folder)
 
 
-def check_agent_args(cfg: Config) -> None:
+def check_agent_args(cfg: Config, tags: tuple[TagPlan, ...]) -> None:
     """Build each tag's agent with a stand-in tokenizer; a constructor that rejects its args
     (TypeError / ValueError) fails now, naming the argument (agent.args.<name>)."""
     with tempfile.TemporaryDirectory(prefix="agentrl-stand-in-") as tmp:
         stand_in = StandInTokenizer(Path(tmp) / "tokenizer")
-        for tag in cfg.env_definitions():
+        for tag in tags:
             _check_tag_args(cfg, tag, stand_in)
 
 
-def _check_tag_args(cfg: Config, tag: str, stand_in: StandInTokenizer) -> None:
+def _check_tag_args(cfg: Config, tag: TagPlan, stand_in: StandInTokenizer) -> None:
     error = _build_error(cfg, tag, None, stand_in)
-    args = cfg.agent_for(tag).args
+    args = tag.agent_args
     if error is None or not args or _build_error(cfg, tag, {}, stand_in) is not None:
         return  # fine, or the stand-in tokenizer is not enough to judge: the real build will tell
-    section = f"custom_envs.{tag}.agent" if cfg.env_definitions()[tag].agent is not None else "agent"
     for name, value in args.items():  # the one argument that fails on its own, if any
         alone = _build_error(cfg, tag, {name: value}, stand_in)
         if alone is not None:
-            raise ConfigError(f"{section}.args.{name}={shown(value)} is rejected by agent type "
-                              f"'{cfg.agent_for(tag).type}': {alone.split(': ', 1)[-1]}")
+            raise ConfigError(f"{tag.agent_section}.args.{name}={shown(value)} is rejected by agent type "
+                              f"'{tag.agent_type}': {alone.split(': ', 1)[-1]}")
     raise ConfigError(error)  # only the arguments together are rejected
 
 
-def _build_error(cfg: Config, tag: str, args: dict | None, stand_in: StandInTokenizer) -> str | None:
+def _build_error(cfg: Config, tag: TagPlan, args: dict | None, stand_in: StandInTokenizer) -> str | None:
     """Why building `tag`'s agent (with `args` instead of the configured ones) fails, or None.
 
     Only a rejection of the arguments counts (make_agent turns TypeError / ValueError into a
     ConfigError); a constructor that needs more of the tokenizer than the stand-in has is
     checked when the real agent is built.
     """
-    if args is not None:
-        cfg = copy.deepcopy(cfg)
-        cfg.agent_for(tag).args = args
     try:
-        make_agent(cfg, tag, stand_in)
+        make_agent(tag if args is None else replace(tag, agent_args=args), cfg.rollout, stand_in)
     except ConfigError as e:
         return str(e)
     except Exception:  # noqa: BLE001 (the stand-in is not enough for this agent: no verdict)

@@ -9,27 +9,31 @@ from typing import Any
 
 import torch
 
-from agentrl.config import Config
 from agentrl.envs.service import close_env
 from agentrl.rollout.source import RolloutSource, rollout_source
 from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.build.engines import make_engine
 from agentrl.runtime.build.envs import make_budget, make_collector
 from agentrl.runtime.build.policy import model_context, model_vocab
-from agentrl.runtime.plan import RunPlan
+from agentrl.runtime.build.plan_types import RunPlan
+from agentrl.tokenizer import Tokenizer
 
 
-def build_rollout(cfg: Config, model: Any, tokenizer: Any, run_plan: RunPlan, device: torch.device) -> RolloutSource:
+def build_rollout(run_plan: RunPlan, model: Any, tokenizer: Tokenizer, device: torch.device) -> RolloutSource:
     """The engine (a copy of `model`, or the servers of engine.urls), the agents and envs of every
     tag, and the rollout source that plays them; a runtime that places the engine elsewhere
     replaces this."""
-    engine = make_engine(cfg, model, tokenizer, device)  # in this process, or the servers of engine.urls
-    budget = make_budget(cfg, model_context(model))
-    collector = make_collector(cfg, tokenizer, run_plan.factories, engine, budget, model_vocab(model))
-    tasks = TaskSource(cfg.seed, run_plan.group_size, run_plan.train_groups, run_plan.val_groups,
-                       greedy_baselines=run_plan.greedy_baselines)
-    return rollout_source(collector, engine, tasks, run_plan.max_staleness,
-                          accept_stale=run_plan.stale_samples == "correct")
+    engine = make_engine(run_plan, model, tokenizer, device)  # in this process, or the servers of engine.urls
+    budget = make_budget(run_plan, model_context(model))
+    collector = make_collector(run_plan, tokenizer, engine, budget, model_vocab(model))
+    return rollout_source(collector, engine, task_source(run_plan), run_plan.max_staleness,
+                          accept_stale=run_plan.rollout.stale_samples == "correct")
+
+
+def task_source(run_plan: RunPlan) -> TaskSource:
+    """The groups of each training step and evaluation, drawn from the run's seed."""
+    return TaskSource(run_plan.seed, run_plan.group_size, run_plan.train_groups, run_plan.val_groups,
+                      greedy_baselines=run_plan.greedy_baselines)
 
 
 def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:

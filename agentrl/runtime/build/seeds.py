@@ -15,18 +15,17 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.config import Config
-from agentrl.runtime.build.envs import is_seed_tag, seed_rows
+from agentrl.runtime.build.plan_types import RunPlan
 
 MAX_CORPUS_ROWS = 2000  # dataset rows read into the tiny tokenizer's corpus per tag
 
 
-def seed_texts(cfg: Config) -> list[str]:
+def seed_texts(run_plan: RunPlan) -> list[str]:
     """Questions and answers of the seed tags' datasets, as corpus lines."""
     out = []
-    for tag in cfg.env_definitions():
-        if is_seed_tag(cfg, tag):
-            for row in seed_rows(cfg, tag)[:MAX_CORPUS_ROWS]:
+    for tag in run_plan.tags:
+        if tag.rows is not None:
+            for row in tag.rows[:MAX_CORPUS_ROWS]:
                 out += [f"user\n{row.question}", "assistant"] + ([row.answer] if row.answer else [])
     return out
 
@@ -44,12 +43,11 @@ class _Demonstrating:
         return getattr(self._env, name)
 
 
-def demo_factories(cfg: Config, factories: dict[str, Callable[[], Any]],
-                   log: Callable[[str], None]) -> dict[str, Callable[[], Any]]:
+def demo_factories(run_plan: RunPlan, log: Callable[[str], None]) -> dict[str, Callable[[], Any]]:
     """The tags that can be demonstrated in the warm start, with env factories whose envs all
     have `sample_action`; the others are named in the log."""
     out = {}
-    for tag, make_env in factories.items():
+    for tag, make_env in run_plan.factories.items():
         env = make_env()
         has_sample = callable(getattr(env, "sample_action", None))
         close = getattr(env, "close", None)
@@ -58,7 +56,7 @@ def demo_factories(cfg: Config, factories: dict[str, Callable[[], Any]],
         if has_sample:
             out[tag] = make_env
             continue
-        answers = sorted({r.answer for r in seed_rows(cfg, tag) if r.answer}) if is_seed_tag(cfg, tag) else []
+        answers = sorted({r.answer for r in run_plan.tag(tag).rows or () if r.answer})
         if answers:
             log(f"warm start: tag {tag}: the env has no sample_action; replies are random answers of its dataset")
             out[tag] = (lambda f=make_env, a=answers: _Demonstrating(f(), a))

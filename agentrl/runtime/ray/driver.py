@@ -27,6 +27,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,9 @@ from agentrl.runtime.plan import RunPlan, plan
 from agentrl.runtime.process import seed_everything
 from agentrl.runtime.ray.cluster import init_cluster, require_ray
 from agentrl.runtime.ray.engine_client import first_line
-from agentrl.runtime.ray.placement import HEAD, Plan, check_resources, choose_transport, options, reserve
+from agentrl.runtime.ray.placement import HEAD, check_resources, choose_transport, options, reserve
 from agentrl.runtime.ray.workers import RunSpec, model_source, share, user_registrations
+from agentrl.tokenizer import Tokenizer
 from agentrl.train.checkpoint import latest_checkpoint, step_of
 
 WATCH_SECONDS = 1.0  # how often the driver checks on the trainer ranks
@@ -93,20 +95,36 @@ def local_cluster_resources(cfg: Config) -> tuple[dict[str, float], list[dict[st
 
 
 def actor_config(cfg: Config, run_dir: Path) -> Config:
-    """The config actors get: absolute paths (their working folder may differ), no progress bar
-    in actors (the driver shows one)."""
+    """The config trainer rank 0's `Trainer` gets: absolute paths (an actor's working folder may
+    differ), no progress bar in actors (the driver shows one)."""
     out = copy.deepcopy(cfg)
     out.run_dir = str(run_dir.resolve())
-    out.imports = [str(Path(p).expanduser().resolve()) if p.endswith(".py") else p for p in cfg.imports]
+    out.imports = [_absolute(p) for p in cfg.imports]
     if out.model.path:
         out.model.path = str(Path(out.model.path).expanduser().resolve())
     out.trainer.progress = False
     return out
 
 
+def actor_plan(run_plan: RunPlan, run_dir: Path) -> RunPlan:
+    """The plan actors build their parts from: as `actor_config`, and without env factories (an
+    actor binds its own after importing the user's modules)."""
+    model = run_plan.model
+    if model.path:
+        model = replace(model, path=str(Path(model.path).expanduser().resolve()))
+    return replace(run_plan.portable(), run_dir=str(run_dir.resolve()), model=model,
+                   imports=tuple(_absolute(p) for p in run_plan.imports),
+                   trainer=replace(run_plan.trainer, progress=False))
+
+
+def _absolute(module: str) -> str:
+    """A .py path of `imports`, made absolute; a module name as it is."""
+    return str(Path(module).expanduser().resolve()) if module.endswith(".py") else module
+
+
 @contextlib.contextmanager
 def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
-                tokenizer: Any = None, run_plan: RunPlan | None = None) -> Iterator[RayRun]:
+                tokenizer: Tokenizer | None = None, run_plan: RunPlan | None = None) -> Iterator[RayRun]:
     """The run's parts placed on Ray; yields its run handle (runtime/handle.py), and stops every
     actor at the end (`run_plan`: the plan of `cfg` the caller already made)."""
     ray = require_ray()
@@ -115,24 +133,25 @@ def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
     t_start = time.perf_counter()
     placement = run_plan.placement
     assert placement is not None, "the plan of a runtime.kind=ray config has a placement"
-    if not ray.is_initialized() and not cfg.runtime.address:
-        check_resources(placement, cfg, *local_cluster_resources(cfg))  # before starting Ray: in a second
+    rt = run_plan.runtime
+    if not ray.is_initialized() and not rt.address:
+        check_resources(placement, rt, *local_cluster_resources(cfg))  # before starting Ray: in a second
     with cluster(cfg, log):
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        check_resources(placement, cfg, ray.cluster_resources(), nodes)
-        pg = reserve(placement, cfg)  # before the model: a placement that cannot be had fails in seconds
+        check_resources(placement, rt, ray.cluster_resources(), nodes)
+        pg = reserve(placement, rt.placement_timeout)  # before the model: a placement that cannot be had fails in seconds
         t_placed = time.perf_counter()
         actors = Actors()
         try:
-            seed_everything(cfg.seed)
-            model, tokenizer, _ = build_policy(cfg, log, tokenizer, run_plan)  # as the local runtime: same draws
+            seed_everything(run_plan.seed)
+            model, tokenizer = build_policy(run_plan, log, tokenizer)  # as the local runtime: same draws
             t_policy = time.perf_counter()
-            run = launch(cfg, placement, pg, model, tokenizer, run_dir, log, actors)
+            run = launch(cfg, run_plan, pg, model, tokenizer, run_dir, log, actors)
             del model  # the actors hold their own copies
             run.timings = {"ray_start_seconds": round(t_placed - t_start, 2),  # cluster, checks, placement group
                            "policy_seconds": round(t_policy - t_placed, 2),
                            "ray_actors_seconds": round(time.perf_counter() - t_policy, 2)}
-            log(f"ray: placed {placement_summary(cfg.runtime)}; actors ready in {run.timings['ray_actors_seconds']:.1f}"
+            log(f"ray: placed {run_plan.placement_summary}; actors ready in {run.timings['ray_actors_seconds']:.1f}"
                 f" s; weights by {run.transport}")
             yield run
         finally:
@@ -190,20 +209,22 @@ def wait_all(refs: dict[str, Any], timeout: float | None = None) -> dict[str, An
     return out
 
 
-def launch(cfg: Config, placement: Plan, pg: Any, model: Any, tokenizer: Any, run_dir: Path,
+def launch(cfg: Config, run_plan: RunPlan, pg: Any, model: Any, tokenizer: Tokenizer, run_dir: Path,
            log: Callable[[str], None], actors: Actors) -> RayRun:
-    """Create every actor in its bundle, join the collective groups, and build the trainer."""
+    """Create every actor of `run_plan`'s placement in its bundle, join the collective groups, and
+    build the trainer (whose loop reads `cfg`)."""
     from agentrl.runtime.ray.engine_actor import EngineActor
     from agentrl.runtime.ray.env_manager import EnvManagerActor
     from agentrl.runtime.ray.train_actors import ModelRoleActor, TrainerActor, TrainWorkerActor
 
-    rt, acfg = cfg.runtime, actor_config(cfg, run_dir)
+    rt, aplan, placement = run_plan.runtime, actor_plan(run_plan, run_dir), run_plan.placement
     restarts, key = rt.max_restarts, uuid.uuid4().hex if rt.engine_transport == "http" else None  # os.urandom
-    shared = share(RunSpec(acfg, tokenizer, model_source(acfg.model.path, cfg.model.dtype, model),
-                           model_context(model), user_registrations(), model_vocab(model)))
+    shared = share(RunSpec(aplan, actor_config(cfg, run_dir), tokenizer,
+                           model_source(aplan.model.path, aplan.model.dtype, model), model_context(model),
+                           user_registrations(), model_vocab(model)))
     infer = placement.of("actor_infer")
     names = [f"engine-{w.index}" for w in infer]
-    seeds = [cfg.seed if w.index == 0 else mix(cfg.seed, w.index) for w in infer]
+    seeds = [run_plan.seed if w.index == 0 else mix(run_plan.seed, w.index) for w in infer]
     engines = [actors.create(EngineActor, names[i], w, pg, (shared, w.index, seeds[i], key), max_restarts=restarts,
                              max_task_retries=0) for i, w in enumerate(infer)]
     managers = []
@@ -228,10 +249,10 @@ def launch(cfg: Config, placement: Plan, pg: Any, model: Any, tokenizer: Any, ru
         wait_all({f"trainer rank {i}": h.init_dist.remote(host, port) for i, h in enumerate([rank0, *workers])},
                  timeout=rt.collective_timeout)
     engine_infos = [{**started[n], "gpu": w.gpu} for n, w in zip(names, infer)]
-    transport = choose_transport(cfg, {**started["trainer rank 0"], "gpu": train[0].gpu}, engine_infos)
+    transport = choose_transport(rt.weight_sync, {**started["trainer rank 0"], "gpu": train[0].gpu}, engine_infos)
     parts = {"engines": engines, "engine_names": names, "managers": managers,
              "transport": "object_store" if transport == "nccl" else transport,
-             "weights_dir": str(Path(acfg.run_dir) / ".weight_sync")}
+             "weights_dir": str(Path(aplan.run_dir) / ".weight_sync")}
     wait_all({"trainer rank 0": rank0.setup.remote(parts, workers, roles.get("reference"), roles.get("critic"))})
     if transport == "nccl":
         host, port = wait_all({"trainer rank 0": rank0.weight_group_address.remote()})["trainer rank 0"]

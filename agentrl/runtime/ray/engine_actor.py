@@ -48,13 +48,14 @@ class EngineActor:
 
     def __init__(self, shared: SharedSpec | RunSpec, index: int, seed: int, api_key: str | None = None) -> None:
         spec = shared.get() if isinstance(shared, SharedSpec) else shared
-        cfg = spec.cfg
-        setup_worker(cfg.runtime.num_threads)
-        self.cfg = cfg
+        run_plan = spec.plan
+        setup_worker(run_plan.runtime.num_threads)
+        self.plan = run_plan
         self.index = index
         self.tokenizer = tokenizer = spec.tokenizer
-        engine_model = load_model(spec.model, cfg.runtime.actor_infer, cfg.model.dtype)
-        self.engine = LocalEngine.from_config(engine_model, tokenizer, cfg.engine, cfg.rollout.max_model_len, seed=seed)
+        engine_model = load_model(spec.model, run_plan.runtime.actor_infer, run_plan.model.dtype)
+        self.engine = LocalEngine.from_config(engine_model, tokenizer, run_plan.engine, run_plan.rollout.max_model_len,
+                                              seed=seed)
         self.restarted = was_restarted()
         self._ready: asyncio.Event | None = None  # made in the actor's event loop
         self.clients: dict[str, tuple[str, dict[int, asyncio.Future]]] = {}  # name -> (incarnation, requests)
@@ -146,7 +147,7 @@ class EngineActor:
     async def join_weight_group(self, host: str, port: int, rank: int, world_size: int, backend: str) -> str:
         """Join the broadcast group of trainer rank 0 and the replicas."""
         self.transport = make_transport(backend)
-        self.transport.join(host, port, rank, world_size, self.cfg.runtime.collective_timeout, self.engine.device)
+        self.transport.join(host, port, rank, world_size, self.plan.runtime.collective_timeout, self.engine.device)
         return backend
 
     async def load_weights(self, payload: WeightPayload) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl.rollout.collector import CollectResult
-from agentrl.runtime.build.envs import import_user_modules, make_budget, make_collector, make_env_factories
+from agentrl.runtime.build.envs import bind, import_user_modules, make_budget, make_collector
 from agentrl.runtime.ray.engine_client import RayEngineClient
 from agentrl.runtime.ray.engine_http import HttpEngineClient
 from agentrl.runtime.ray.workers import SharedSpec, node_id, setup_worker
@@ -21,19 +21,19 @@ class EnvManagerActor:
     def __init__(self, shared: SharedSpec, engines: list[Any], engine_names: list[str], index: int,
                  api_key: str | None = None) -> None:
         spec = shared.get()
-        cfg = spec.cfg
-        setup_worker(cfg.runtime.num_threads, spec.registrations)
-        import_user_modules(cfg)
+        rt = spec.plan.runtime
+        setup_worker(rt.num_threads, spec.registrations)
+        import_user_modules(spec.plan.imports)
+        run_plan = bind(spec.plan)
         self.index = index
-        factories = make_env_factories(cfg)
         self.client: Any
-        if cfg.runtime.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
-            self.client = HttpEngineClient(engines, engine_names, api_key or "", cfg.runtime.restart_timeout,
-                                           cfg.engine.request_timeout, seed=cfg.seed + index)
+        if rt.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
+            self.client = HttpEngineClient(engines, engine_names, api_key or "", rt.restart_timeout,
+                                           run_plan.engine.request_timeout, seed=run_plan.seed + index)
         else:
             self.client = RayEngineClient(engines, engine_names, client=f"env_manager-{index}",
-                                          restart_timeout=cfg.runtime.restart_timeout)
-        self.collector = make_collector(cfg, spec.tokenizer, factories, self.client, make_budget(cfg, spec.context),
+                                          restart_timeout=rt.restart_timeout)
+        self.collector = make_collector(run_plan, spec.tokenizer, self.client, make_budget(run_plan, spec.context),
                                         spec.vocab_size)
 
     async def collect(self, tasks: list[Task], first_attempt: int = 0) -> CollectResult:

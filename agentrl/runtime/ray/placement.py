@@ -1,77 +1,22 @@
-"""Where each worker of a Ray run goes (ROLL's device mapping), checked against the cluster before
-any actor exists, and the one placement group that reserves it all, with a timeout.
-
-Bundles: one per GPU named in any role's device_mapping ({GPU: 1, CPU: what its workers
-reserve}; the workers of every role mapped to that GPU share it, each with an equal fraction,
-which is how overlapping lists colocate), and one per CPU worker that reserves CPUs. Trainer
-rank 0, which writes the run folder, is pinned to the head node. The group uses Ray's PACK
-strategy: as few nodes as the bundles fit on.
+"""A Ray run's placement (runtime/build/placement.py: workers and bundles, from the plan) checked
+against the cluster before any actor exists, and the one placement group that reserves it all,
+with a timeout. The group uses Ray's PACK strategy: as few nodes as the bundles fit on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.config import Config
+from agentrl.config.runtime import RuntimeConfig
 from agentrl.errors import ConfigError
+from agentrl.runtime.build.placement import HEAD, Plan, Worker, plan_placement
 
-HEAD = "node:__internal_head__"  # a resource only the head node has
+__all__ = ["HEAD", "Plan", "Worker", "check_resources", "choose_transport", "options", "plan_placement", "reserve"]
+
 EPS = 1e-6
 
 
-@dataclass
-class Worker:
-    """One actor of the run and what it reserves."""
-
-    role: str  # actor_train, actor_infer, reference, critic, env_manager
-    index: int
-    num_cpus: float
-    gpu: int | None = None  # global GPU index from device_mapping
-    gpu_share: float = 0.0  # fraction of that GPU (1 / workers colocated on it)
-    bundle: int | None = None  # placement-group bundle; None: reserves nothing, placed anywhere
-
-
-@dataclass
-class Plan:
-    """Every worker and the bundles they sit in."""
-
-    workers: list[Worker]
-    bundles: list[dict[str, float]] = field(default_factory=list)
-
-    def of(self, role: str) -> list[Worker]:
-        """The workers of `role`, by index."""
-        return [w for w in self.workers if w.role == role]
-
-
-def plan_placement(cfg: Config, reference: bool, critic: bool) -> Plan:
-    """Workers and bundles of `cfg`'s runtime section (reference / critic when the run uses them)."""
-    rt = cfg.runtime
-    roles = [("actor_train", rt.actor_train), ("actor_infer", rt.actor_infer)]
-    roles += [("reference", rt.reference)] * reference + [("critic", rt.critic)] * critic
-    workers = [Worker(name, i, role.num_cpus, role.device_mapping[i] if role.device_mapping else None)
-               for name, role in roles for i in range(role.world_size)]
-    workers += [Worker("env_manager", i, rt.env_manager_num_cpus) for i in range(rt.env_managers)]
-    plan = Plan(workers)
-    for gpu in sorted({w.gpu for w in workers if w.gpu is not None}):
-        on_it = [w for w in workers if w.gpu == gpu]
-        bundle = {"GPU": 1.0, "CPU": sum(w.num_cpus for w in on_it)}
-        for w in on_it:
-            w.bundle, w.gpu_share = len(plan.bundles), 1.0 / len(on_it)
-        plan.bundles.append({k: v for k, v in bundle.items() if v > 0})
-    for w in workers:
-        if w.gpu is None and w.num_cpus > 0:
-            w.bundle = len(plan.bundles)
-            plan.bundles.append({"CPU": w.num_cpus})
-    rank0 = plan.of("actor_train")[0]
-    if rank0.bundle is None:
-        rank0.bundle = len(plan.bundles)
-        plan.bundles.append({})
-    plan.bundles[rank0.bundle][HEAD] = 0.001
-    return plan
-
-
-def _needs(plan: Plan, cfg: Config) -> str:
+def _needs(plan: Plan) -> str:
     """What the plan reserves, role by role, for messages."""
     parts = []
     for role in ("actor_train", "actor_infer", "reference", "critic", "env_manager"):
@@ -84,10 +29,9 @@ def _needs(plan: Plan, cfg: Config) -> str:
     return ", ".join(parts)
 
 
-def check_resources(plan: Plan, cfg: Config, total: dict[str, float], nodes: list[dict[str, float]]) -> None:
-    """Refuse, in one line naming what is missing, a plan the cluster can never hold (`total`:
-    its resources; `nodes`: each alive node's)."""
-    rt = cfg.runtime
+def check_resources(plan: Plan, rt: RuntimeConfig, total: dict[str, float], nodes: list[dict[str, float]]) -> None:
+    """Refuse, in one line naming what is missing, a plan the cluster can never hold (`rt`: the
+    runtime section; `total`: the cluster's resources; `nodes`: each alive node's)."""
     gpus = total.get("GPU", 0.0)
     for role in ("actor_train", "actor_infer", "reference", "critic"):
         mapping = getattr(rt, role).device_mapping
@@ -99,7 +43,7 @@ def check_resources(plan: Plan, cfg: Config, total: dict[str, float], nodes: lis
                               f"has {have}; {fix}")
     cpus = sum(b.get("CPU", 0.0) for b in plan.bundles)
     if cpus > total.get("CPU", 0.0) + EPS:
-        raise ConfigError(f"the run needs {cpus:g} CPUs ({_needs(plan, cfg)}) but the cluster has "
+        raise ConfigError(f"the run needs {cpus:g} CPUs ({_needs(plan)}) but the cluster has "
                           f"{total.get('CPU', 0.0):g}: lower a role's world_size or num_cpus (e.g. "
                           f"runtime.actor_infer.num_cpus=0.5), or start a larger cluster (runtime.num_cpus)")
     for bundle in plan.bundles:
@@ -111,19 +55,19 @@ def check_resources(plan: Plan, cfg: Config, total: dict[str, float], nodes: lis
                               "spread the role over more workers with fewer CPUs each")
 
 
-def reserve(plan: Plan, cfg: Config) -> Any:
+def reserve(plan: Plan, placement_timeout: float) -> Any:
     """The placement group of `plan`, placed within runtime.placement_timeout, else a one-line error."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     pg = placement_group(plan.bundles, strategy="PACK")
-    timeout = cfg.runtime.placement_timeout
+    timeout = placement_timeout
     try:
         ray.get(pg.ready(), timeout=timeout)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(pg)
         free = {k: round(v, 3) for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
-        raise ConfigError(f"the cluster did not place the run ({_needs(plan, cfg)}) within "
+        raise ConfigError(f"the cluster did not place the run ({_needs(plan)}) within "
                           f"runtime.placement_timeout={timeout:g}s; free now: {free}: other work holds the "
                           "rest, or a node is gone") from None
     return pg
@@ -140,10 +84,10 @@ def options(plan_worker: Worker, pg: Any) -> dict[str, Any]:
     return out
 
 
-def choose_transport(cfg: Config, rank0: dict[str, Any], engines: list[dict[str, Any]]) -> str:
-    """runtime.weight_sync, with auto resolved by where rank 0 and the engines landed (their
-    `info()`: node, and GPU index from the plan)."""
-    wanted = cfg.runtime.weight_sync
+def choose_transport(weight_sync: str, rank0: dict[str, Any], engines: list[dict[str, Any]]) -> str:
+    """runtime.weight_sync (`weight_sync`), with auto resolved by where rank 0 and the engines
+    landed (their `info()`: node, and GPU index from the plan)."""
+    wanted = weight_sync
     same_node = all(e["node"] == rank0["node"] for e in engines)
     if wanted == "shm" and not same_node:
         raise ConfigError("runtime.weight_sync=shm needs every engine on trainer rank 0's node, but the cluster "

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.config import Config
 from agentrl.errors import RolloutError
 from agentrl.rollout.collector import CollectResult
 from agentrl.rollout.filters import Groups, groups_of
 from agentrl.rollout.source import GroupFilter, StepRollout, fill_step
-from agentrl.rollout.tasks import TaskSource
+from agentrl.runtime.build.plan_types import RunPlan
+from agentrl.runtime.build.rollout import task_source
 from agentrl.runtime.ray.engine_client import first_line
 from agentrl.runtime.ray.weight_sync import WeightPayload, make_transport
 from agentrl.trajectory import Task
@@ -70,19 +70,18 @@ class _Job:
 class RaySource:
     """On-policy groups played by env-manager actors; weights pushed to every engine replica."""
 
-    def __init__(self, cfg: Config, weights: Callable[[], dict[str, Any]], engines: list[Any],
+    def __init__(self, run_plan: RunPlan, weights: Callable[[], dict[str, Any]], engines: list[Any],
                  engine_names: list[str], managers: list[Any], transport: str, weights_dir: str) -> None:
         import ray
 
-        self.cfg = cfg
-        self.tasks = TaskSource(cfg.seed, cfg.rollout.group_size, tuple(cfg.group_tags("train")),
-                                tuple(cfg.group_tags("val")))
+        self.runtime = run_plan.runtime
+        self.tasks = task_source(run_plan)
         self.engines, self.engine_names, self.managers = engines, engine_names, managers
         self.current_weights = weights  # the weights the engines should serve (rank 0's model)
         self.transport = make_transport(transport, weights_dir)
         self.fallback = make_transport("object_store")  # for a restarted replica, and after a broadcast broke
-        self.max_retries = cfg.rollout.max_retries
-        self.restart_timeout = cfg.runtime.restart_timeout
+        self.max_retries = run_plan.rollout.max_retries
+        self.restart_timeout = run_plan.runtime.restart_timeout
         self._version = ray.get(engines[0].info.remote())["version"]
         self._synced = False  # whether any update has reached the engines (else a restarted one is current)
         self._stats = dict.fromkeys(("sync_seconds", "sync_bytes", "engine_restarts", "manager_restarts"), 0.0)
@@ -163,7 +162,7 @@ class RaySource:
                 return ray.get(refs)
             except ray.exceptions.ActorDiedError as e:
                 raise RolloutError(f"an engine replica died and will not restart (runtime.max_restarts="
-                                   f"{self.cfg.runtime.max_restarts}): {first_line(e)}") from None
+                                   f"{self.runtime.max_restarts}): {first_line(e)}") from None
             except ray.exceptions.RayActorError as e:
                 if time.monotonic() > deadline:
                     raise RolloutError(f"an engine replica did not come back within runtime.restart_timeout="
@@ -179,7 +178,7 @@ class RaySource:
         live = [m for m in range(len(self.managers)) if m not in self._gone]
         if not live:
             raise RolloutError("every env manager died and none came back (runtime.max_restarts="
-                               f"{self.cfg.runtime.max_restarts}); the run cannot play episodes")
+                               f"{self.runtime.max_restarts}); the run cannot play episodes")
         jobs = [_Job(m, block) for m, block in zip(live, split_groups(tasks, len(live))) if block]
         for job in jobs:
             if job.manager in self._down:  # still restarting: wait for it rather than lose an attempt
@@ -312,7 +311,7 @@ class RaySource:
                 transport.broadcast(weights)
             for ref in refs:
                 try:
-                    got = ray.get(ref, timeout=self.cfg.runtime.collective_timeout)
+                    got = ray.get(ref, timeout=self.runtime.collective_timeout)
                 except ray.exceptions.RayActorError:
                     continue  # restarting: it waits for weights, and gets them then
                 if got != version:

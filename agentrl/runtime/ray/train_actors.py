@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from agentrl.config import Config
-from agentrl.runtime.build.envs import import_user_modules, make_env_factories
-from agentrl.runtime.build.learners import build_critic, build_reference, update_horizon
+from agentrl.config.runtime import RuntimeConfig
+from agentrl.runtime.build.envs import bind, import_user_modules
+from agentrl.runtime.build.learners import build_critic, build_reference
 from agentrl.runtime.build.rollout import eval_baselines
 from agentrl.runtime.process import seed_everything
 from agentrl.runtime.ray.workers import SharedSpec, free_address, load_model, node_id, role_device, setup_worker
@@ -28,9 +28,9 @@ from agentrl.train.precision import MasterWeights
 from agentrl.train.trainer import Trainer
 
 
-def dist_backend(cfg: Config) -> str:
+def dist_backend(rt: RuntimeConfig) -> str:
     """NCCL for ranks on GPUs, gloo on CPU."""
-    return "nccl" if cfg.runtime.actor_train.device_mapping else "gloo"
+    return "nccl" if rt.actor_train.device_mapping else "gloo"
 
 
 class TrainRank:
@@ -38,19 +38,19 @@ class TrainRank:
 
     def __init__(self, shared: SharedSpec, rank: int) -> None:
         spec = shared.get()
-        cfg, role = spec.cfg, spec.cfg.runtime.actor_train
-        setup_worker(cfg.runtime.num_threads, spec.registrations)
+        run_plan, role = spec.plan, spec.plan.runtime.actor_train
+        setup_worker(run_plan.runtime.num_threads, spec.registrations)
         self.spec = spec
-        import_user_modules(cfg)
-        seed_everything(cfg.seed)
-        self.cfg, self.rank, self.world_size = cfg, rank, role.world_size
+        import_user_modules(run_plan.imports)
+        seed_everything(run_plan.seed)
+        self.plan, self.rank, self.world_size = run_plan, rank, role.world_size
         self.model = load_model(spec.model, role)  # float32 master weights, as in one process
         self.actor = self._actor(None)
 
     def _actor(self, parallel: DataParallel | None) -> Actor:
-        cfg = self.cfg
-        return Actor(self.model, cfg.actor, temperature=cfg.rollout.temperature, horizon=update_horizon(cfg),
-                     packed=cfg.model.use_remove_padding, parallel=parallel)
+        p = self.plan
+        return Actor(self.model, p.actor, temperature=p.rollout.temperature, horizon=p.update_horizon,
+                     packed=p.model.use_remove_padding, parallel=parallel)
 
     def dist_address(self) -> tuple[str, int]:
         """Where rank 0 hosts the group's store."""
@@ -59,14 +59,14 @@ class TrainRank:
     def init_dist(self, host: str, port: int) -> int:
         """Join the trainer ranks' group and wrap the model in DDP (every rank at once)."""
         if self.world_size > 1:
-            init_group(host, port, self.rank, self.world_size, dist_backend(self.cfg),
-                       self.cfg.runtime.collective_timeout)
+            init_group(host, port, self.rank, self.world_size, dist_backend(self.plan.runtime),
+                       self.plan.runtime.collective_timeout)
             self.actor = self._actor(DataParallel(self.model, self.rank, self.world_size))
         return self.rank
 
     def info(self) -> dict[str, Any]:
         """Where it runs."""
-        return {"node": node_id(), "rank": self.rank, "device": str(role_device(self.cfg.runtime.actor_train))}
+        return {"node": node_id(), "rank": self.rank, "device": str(role_device(self.plan.runtime.actor_train))}
 
 
 class TrainWorkerActor(TrainRank):
@@ -160,12 +160,12 @@ class ModelRoleActor:
 
     def __init__(self, shared: SharedSpec, role: str) -> None:
         spec = shared.get()
-        cfg, section = spec.cfg, getattr(spec.cfg.runtime, role)
-        setup_worker(cfg.runtime.num_threads, spec.registrations)
-        import_user_modules(cfg)
+        run_plan, section = spec.plan, getattr(spec.plan.runtime, role)
+        setup_worker(run_plan.runtime.num_threads, spec.registrations)
+        import_user_modules(run_plan.imports)
         policy = load_model(spec.model, section)
-        self.obj = build_reference(cfg, policy) if role == "reference" else \
-            build_critic(cfg, policy, role_device(section))
+        self.obj = build_reference(run_plan, policy) if role == "reference" else \
+            build_critic(run_plan, policy, role_device(section))
 
     def call(self, method: str, *args: Any) -> Any:
         """obj.method(*args)."""
@@ -223,7 +223,7 @@ class TrainerActor(TrainRank):
     def __init__(self, shared: SharedSpec) -> None:
         super().__init__(shared, 0)
         self.tokenizer = self.spec.tokenizer
-        self.run_dir = Path(self.cfg.run_dir)
+        self.run_dir = Path(self.plan.run_dir)
         self.trainer: Trainer | None = None
         self.source: Any = None
 
@@ -231,11 +231,10 @@ class TrainerActor(TrainRank):
         """Build the trainer over the placed parts; returns the policy version the engines serve."""
         from agentrl.runtime.ray.source import RaySource
 
-        cfg = self.cfg
-        self.source = RaySource(cfg, weights=lambda: self.model.state_dict(), **source_parts)
+        self.source = RaySource(self.plan, weights=lambda: self.model.state_dict(), **source_parts)
         actor = ShardedActor(self.actor, workers) if workers else self.actor
-        self.trainer = Trainer(cfg, actor, self.source, self.tokenizer, self.run_dir,
-                               eval_baselines=eval_baselines(make_env_factories(cfg)),
+        self.trainer = Trainer(self.spec.cfg, actor, self.source, self.tokenizer, self.run_dir,
+                               eval_baselines=eval_baselines(bind(self.plan).factories),
                                reference=RemoteReference(reference) if reference is not None else None,
                                critic=RemoteCritic(critic) if critic is not None else None)
         self.trainer.log = lambda message: print(message, file=sys.stderr, flush=True)
@@ -250,7 +249,7 @@ class TrainerActor(TrainRank):
         from agentrl.runtime.ray.weight_sync import make_transport
 
         transport = make_transport(backend)
-        transport.join(host, port, 0, world_size, self.cfg.runtime.collective_timeout, self.actor.device)
+        transport.join(host, port, 0, world_size, self.plan.runtime.collective_timeout, self.actor.device)
         self.source.use_transport(transport)
         return backend
 

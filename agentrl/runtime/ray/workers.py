@@ -11,9 +11,11 @@ import torch
 
 from agentrl.config import Config
 from agentrl.config.runtime import RoleConfig
+from agentrl.runtime.build.plan_types import RunPlan
 from agentrl.models.loading import DTYPES
 from agentrl.registry import AGENTS, ENVS, ESTIMATORS, FILE_MODULES, POLICY_LOSSES, load_builtins
 from agentrl.runtime.process import pin_threads
+from agentrl.tokenizer import Tokenizer
 
 REGISTRIES = {"env": ENVS, "agent": AGENTS, "estimator": ESTIMATORS, "policy_loss": POLICY_LOSSES}
 
@@ -44,8 +46,9 @@ class ModelSource:
 class RunSpec:
     """What every actor of a run is built from."""
 
-    cfg: Config
-    tokenizer: Any
+    plan: RunPlan  # the driver's plan (without env factories: an actor binds its own, runtime/build/envs.py)
+    cfg: Config  # read by trainer rank 0's `Trainer` only; every part is built from the plan
+    tokenizer: Tokenizer
     model: ModelSource
     context: int  # the model's longest sequence (episode budgets)
     registrations: dict[str, dict[str, Any]]  # user_registrations() of the driver
