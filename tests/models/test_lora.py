@@ -12,7 +12,7 @@ from agentrl.errors import ConfigError
 from agentrl.llm.engine import SamplingParams
 from agentrl.llm.local.engine import LocalEngine
 from agentrl.models.lora import ADAPTER_CONFIG, adapter_state, apply_lora, is_adapter_state
-from agentrl.runtime.build.trainer import build_parts
+from agentrl.runtime.build.trainer import build_trainer
 from agentrl.train.actor import Reference, token_logprobs
 from agentrl.train.batch import pack
 from agentrl.train.forward import ForwardOptions
@@ -37,11 +37,11 @@ def test_a_target_module_that_matches_nothing_fails_before_any_model_is_built(tm
     cfg = load_config("configs/frozen_lake.yaml", ["model.lora.rank=8", "model.lora.target_modules=[q_proj,qkv_proj]",
                                                    f"model.cache_dir={tmp_path}"])
     with pytest.raises(ConfigError) as err:
-        build_parts(cfg, log=lambda m: None)
+        build_trainer(cfg, tmp_path / "run", log=lambda m: None)
     message = str(err.value)
     assert message.startswith("model.lora.target_modules: 'qkv_proj' matches no linear layer") and "\n" not in message
     assert "q_proj" in message.split("layers are")[1]  # says what would be accepted
-    assert not any(tmp_path.iterdir())  # no tiny model was built or warm-started
+    assert not any(tmp_path.iterdir())  # no tiny model was built or warm-started, no run folder made
 
 
 def test_an_engine_given_the_adapter_state_serves_the_trained_policy(tiny_model, tiny_tokenizer):

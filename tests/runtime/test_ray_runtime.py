@@ -93,8 +93,10 @@ def test_the_object_store_transport_round_trip(cluster):
 
 @pytest.mark.parametrize("process_threads, overrides", [
     (2, []),  # torch's own default on a machine of 2 cores (a Ray actor of 1 CPU is given 1); the run's default
-    (1, ["runtime.num_threads=2"]),  # a count the config sets reaches every process, actors included
-], ids=["default", "num_threads=2"])
+    # a count the config sets reaches every process, actors included; ReMax: each group also plays
+    # its greedy baseline episode on Ray (the Ray source once left them out, silently)
+    (1, ["runtime.num_threads=2", "algorithm.adv_estimator=remax"]),
+], ids=["default", "num_threads=2-remax"])
 def test_the_local_and_ray_runtimes_log_identical_metrics(cluster, cache, tmp_path, process_threads, overrides):
     """configs/frozen_lake.yaml, warm-started here, 3 steps through `agentrl.api.fit` on each
     runtime, from a process whose own torch thread count is not the run's: every logged value but
@@ -115,6 +117,8 @@ def test_the_local_and_ray_runtimes_log_identical_metrics(cluster, cache, tmp_pa
     differ = [(theirs["step"], k) for mine, theirs in zip(remote, local) for k in mine.keys() | theirs.keys()
               if mine.get(k) != theirs.get(k)]
     assert differ == [] and any(r.get("loss/policy") for r in local)
+    if "algorithm.adv_estimator=remax" in overrides:
+        assert all("reward/greedy_baseline" in r for r in remote if r["step"] and "loss/policy" in r)
 
 
 PPO = ["algorithm.adv_estimator=gae", "critic.enable=true", "critic.ppo_mini_batch_size=4", "critic.micro_batch_size=2",
