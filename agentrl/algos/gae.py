@@ -34,6 +34,23 @@ def gae(x: EstimatorInput) -> Estimate:
     return adv, returns * mask
 
 
+def bootstrap_truncated(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                        truncated: torch.Tensor, gamma: float) -> torch.Tensor:
+    """rollout.on_truncation=bootstrap: each truncated row's last generated id also earns gamma
+    times the critic's value there, the estimate of what the episode would have earned had it not
+    been cut off; (B, T), a new tensor.
+
+    GAE's recursion takes V = 0 after a sequence's last id, right for a terminated episode; for a
+    truncated one, delta_T = r_T + gamma V(s_T) - V(s_T) instead, V(s_T) being the critic's value
+    at the last state it saw (the last generated id: no state after it is in the sequence)."""
+    out = token_rewards.clone()
+    positions = torch.arange(mask.shape[1]).expand_as(mask)
+    last = torch.where(mask > 0, positions, -1).max(dim=1).values
+    rows = torch.nonzero(truncated & (last >= 0), as_tuple=True)[0]
+    out[rows, last[rows]] += gamma * values[rows, last[rows]].to(out.dtype)
+    return out
+
+
 def _token_gae(rewards, mask, values, gamma, lam):
     batch, width = rewards.shape
     next_value = torch.zeros(batch, dtype=values.dtype)

@@ -66,6 +66,10 @@ def _validate_algorithm(cfg: Config) -> None:
             raise ConfigError(f"critic.ppo_mini_batch_size={c.ppo_mini_batch_size} must divide rollout.batch_size="
                               f"{cfg.rollout.batch_size} and be a multiple of critic.micro_batch_size="
                               f"{c.micro_batch_size}")
+    if cfg.rollout.on_truncation == "bootstrap" and not (c.enable and alg.adv_estimator == "gae"):
+        raise ConfigError(f"rollout.on_truncation=bootstrap takes the critic's value of a truncated episode's last "
+                          f"state, but algorithm.adv_estimator={alg.adv_estimator} uses no critic; set "
+                          "algorithm.adv_estimator=gae with critic.enable=true, or use on_truncation=zero or drop")
     if a.use_decoupled_loss and a.tis_imp_ratio_cap > 0:
         raise ConfigError("actor.use_decoupled_loss=true and actor.tis_imp_ratio_cap>0 both reweight by "
                           "pi_old / pi_behaviour; choose one")

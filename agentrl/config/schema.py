@@ -117,6 +117,14 @@ class RolloutConfig:
     """Training stops with an error when more than this fraction of a step's episodes failed
     every attempt (a broken env, not bad luck), and always when every one of them did; below it,
     failed groups are only dropped."""
+    on_truncation: Literal["zero", "bootstrap", "drop"] = "zero"
+    """What a truncated episode (ended by max_turns, its token budget, the context, or the env's
+    own truncation: any `truncation_reason`) means for training. zero: it earns the rewards it got
+    and nothing after its end (the return of a terminated episode). bootstrap: the critic's value
+    of its last state stands for what it would have earned after (needs a critic:
+    algorithm.adv_estimator=gae). drop: it leaves its group before advantages, which are computed
+    over the group's other episodes (a group left empty is dropped); counted in
+    rollout/dropped_truncated."""
 
     @property
     def groups_per_step(self) -> int:

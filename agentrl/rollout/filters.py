@@ -8,6 +8,7 @@
   fraction of groups whose rewards vary most, the ones with the most to teach.
 - `split_greedy_baselines` takes ReMax's greedy episode out of each group (it is not trained)
   and hands its reward to the group's sampled episodes as their baseline.
+- `without_truncated` is `rollout.on_truncation=drop`: truncated episodes leave their group.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ def group_metric(t: Trajectory, metric: Literal["success", "reward"]) -> float:
 def informative_groups(groups: Groups, metric: Literal["success", "reward"]) -> Groups:
     """The groups whose episodes do not all share one value of `metric`."""
     return [g for g in groups if len({group_metric(t, metric) for t in g}) > 1]
+
+
+def without_truncated(groups: Groups) -> tuple[Groups, int]:
+    """Every sequence of a truncated episode leaves its group (the group's advantages are then
+    computed over its other episodes); a group left empty is dropped. Also returns how many
+    episodes left."""
+    kept = [[t for t in g if t.truncation_reason is None] for g in groups]
+    dropped = sum(t.segment == 0 and t.truncation_reason is not None for g in groups for t in g)
+    return [g for g in kept if g], dropped
 
 
 def top_variance_groups(groups: Groups, ratio: float) -> Groups:

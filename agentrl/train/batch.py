@@ -29,6 +29,7 @@ class Batch:
     returns: torch.Tensor | None = None  # (B, T)
     reward_baselines: torch.Tensor | None = None  # (B,) float32, the group's greedy-rollout reward (ReMax); NaN: none
     episode_index: torch.Tensor | None = None  # (B,) int64, the episode of each row (several when an agent segments)
+    truncated: torch.Tensor | None = None  # (B,) bool, the row's episode ended truncated (any truncation_reason)
 
     @property
     def size(self) -> int:
@@ -93,8 +94,9 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
     if any(t.reward_baseline is not None for t in trajectories):
         baselines = torch.tensor([float("nan") if t.reward_baseline is None else float(t.reward_baseline)
                                   for t in trajectories], dtype=torch.float32)
+    truncated = torch.tensor([t.truncation_reason is not None for t in trajectories], dtype=torch.bool)
     return Batch(ids, attn, mask, logp, rewards, versions, index, state_ids, reward_baselines=baselines,
-                 episode_index=episode)
+                 episode_index=episode, truncated=truncated)
 
 
 def mini_batches(batch: Batch, episodes: int) -> list[torch.Tensor]:

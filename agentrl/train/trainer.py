@@ -25,13 +25,14 @@ import torch
 
 from agentrl.algos.advantages import compute_advantages
 from agentrl.algos.estimator import EstimatorInput
+from agentrl.algos.gae import bootstrap_truncated
 from agentrl.algos.kl_control import KLController
 from agentrl.algos.losses import kl_penalty, masked_mean
 from agentrl.config import Config, to_dict
 from agentrl.errors import CheckpointError, RolloutError
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, check_failed
-from agentrl.rollout.filters import informative_groups, top_variance_groups
+from agentrl.rollout.filters import informative_groups, top_variance_groups, without_truncated
 from agentrl.rollout.source import RolloutSource
 from agentrl.rollout.stats import by_tag, episode_stats, episodes, per_episode, tag_metrics, truncation_metrics
 from agentrl.tokenizer import Tokenizer
@@ -172,10 +173,14 @@ class Trainer:
         step = self.rollout.collect(self.step_idx, self.version, keep, fg.max_num_gen_batches if fg.enable else 1)
         self._record_errors(step.result.errors)
         self._check_failures(step.result, f"step {self.step_idx}")
-        groups = top_variance_groups(step.groups, self.cfg.rollout.rollout_filter_ratio)
-        step.result.trajectories = [t for g in groups for t in g]
-        stats = {**step.stats, "rollout/filtered_groups_std": float(len(step.groups) - len(groups)),
-                 "rollout/kept_groups": float(len(groups))}
+        groups, truncation = step.groups, {}
+        if self.cfg.rollout.on_truncation == "drop":
+            groups, dropped = without_truncated(groups)
+            truncation = {"rollout/dropped_truncated": float(dropped)}  # none left: the step trains nothing
+        kept = top_variance_groups(groups, self.cfg.rollout.rollout_filter_ratio)
+        step.result.trajectories = [t for g in kept for t in g]
+        stats = {**step.stats, **truncation, "rollout/filtered_groups_std": float(len(groups) - len(kept)),
+                 "rollout/kept_groups": float(len(kept))}
         return step.result, {**stats, **step.result.metrics(), **self._staleness(step.result.trajectories)}
 
     def _staleness(self, trajs: list[Trajectory]) -> dict[str, float]:
@@ -210,9 +215,11 @@ class Trainer:
 
     def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Advantages and returns from the configured estimator."""
-        alg = self.cfg.algorithm
+        alg, rewards = self.cfg.algorithm, batch.token_rewards
+        if self.cfg.rollout.on_truncation == "bootstrap" and batch.values is not None and batch.truncated is not None:
+            rewards = bootstrap_truncated(rewards, batch.values, batch.loss_mask, batch.truncated, alg.gamma)
         return compute_advantages(alg.adv_estimator, EstimatorInput(
-            batch.token_rewards, batch.loss_mask, batch.group_index, batch.values, alg, batch.state_ids,
+            rewards, batch.loss_mask, batch.group_index, batch.values, alg, batch.state_ids,
             batch.reward_baselines))
 
     def sync(self) -> None:

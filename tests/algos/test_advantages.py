@@ -96,3 +96,22 @@ def test_gigpo_compares_turns_from_the_same_state():
     # episode level: scores 1 and 0 -> +0.5 / -0.5; step level in state 0: 1 - 0.5 and 0 - 0.5;
     # states 1 and 2 were each visited once: no step-level advantage
     assert torch.allclose(adv, torch.tensor([[0, 1.0, 0, 0.5], [0, -1.0, 0, -0.5]]), atol=1e-5)
+
+
+def test_on_truncation_bootstrap_adds_the_last_value_to_a_truncated_rows_gae():
+    """GAE of a truncated row: delta_T = r_T + gamma V(s_T) - V(s_T) at its last generated id;
+    a terminated row keeps V = 0 after its end."""
+    from agentrl.algos.gae import bootstrap_truncated
+
+    mask = torch.tensor([[0, 1, 1, 1, 0], [0, 1, 1, 0, 0]], dtype=torch.float32)
+    rewards = torch.tensor([[0, 0, 0, 1.0, 0], [0, 0, 0.5, 0, 0]])
+    values = torch.tensor([[0, 0.2, 0.4, 0.8, 0], [0, 0.3, 0.6, 0, 0]])
+    cfg = AlgorithmConfig(adv_estimator="gae", gamma=0.9, lam=1.0, credit="token")
+    truncated = torch.tensor([True, False])
+    boot = bootstrap_truncated(rewards, values, mask, truncated, cfg.gamma)
+    assert boot[0, 3] == pytest.approx(1.0 + 0.9 * 0.8) and torch.equal(boot[1], rewards[1])
+    assert torch.equal(rewards[0, 3], torch.tensor(1.0))  # the batch's own rewards are left as they were
+    _, returns = compute_advantages("gae", EstimatorInput(boot, mask, torch.tensor([0, 0]), values, cfg))
+    # lam = 1: the return of each id is the discounted sum of what follows, plus gamma V(s_T) when cut off.
+    assert returns[0, 1:4].tolist() == pytest.approx([0.81 * 1.72, 0.9 * 1.72, 1.72])
+    assert returns[1, 1:3].tolist() == pytest.approx([0.45, 0.5])

@@ -97,3 +97,18 @@ def test_remax_greedy_episodes_leave_their_groups_and_become_the_baseline():
     step = fill_step(lambda attempt: (groups, CollectResult([t for g in groups for t in g]), 0), need=3, keep=None,
                      max_batches=1)
     assert len(step.result.trajectories) == 5 and not any(t.baseline for t in step.result.trajectories)
+
+
+def test_on_truncation_drop_takes_every_sequence_of_a_truncated_episode_out_of_its_group():
+    from agentrl.rollout.filters import without_truncated
+
+    done, cut = _t(0, 1.0, True), _t(0, 0.0)
+    cut.truncation_reason = "max_turns"
+    window = [_t(0, 0.0), _t(0, 0.0)]  # one episode played as two sequences (a history window)
+    for k, t in enumerate(window):
+        t.segment, t.truncation_reason = k, "token_budget"
+    alone = _t(1, 0.0)
+    alone.truncation_reason = "context"
+    groups, dropped = without_truncated([[done, cut, *window], [alone], [_t(2, 1.0)]])
+    assert groups == [[done], [groups[1][0]]] and groups[1][0].group_id == 2  # an emptied group is gone
+    assert dropped == 3  # episodes, not sequences
