@@ -7,22 +7,22 @@ Tool calls follow Qwen's / Hermes' format, which the model writes as text:
     {"name": "move", "arguments": {"direction": "left"}}
     </tool_call>
 
-`parse_reply` turns such blocks into OpenAI `tool_calls` for the client (the text before the
-first block is the message's content); training never sees this parse: it uses the ids the
-engine sampled. A block whose JSON does not parse stays in the content, as text.
+`parse_reply` turns such blocks (parsed by `llm/tool_calls.py`, the one parser of the format)
+into OpenAI `tool_calls` for the client (the text before the first block is the message's
+content); training never sees this parse: it uses the ids the engine sampled. A malformed block
+stays in the content, as text.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from typing import Any
 
+from agentrl.llm.tool_calls import OPEN, parse_tool_calls
 from agentrl.tokenizer import Tokenizer
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 class MessageError(ValueError):
@@ -114,24 +114,16 @@ def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dic
 
 def parse_reply(text: str, tools: bool) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool_calls) of a reply; tool calls are parsed only when the request gave tools."""
-    if not tools or "<tool_call>" not in text:
+    if not tools or OPEN not in text:
         return text, []
-    calls, first = [], None
-    for match in TOOL_CALL.finditer(text):
-        try:
-            data = json.loads(match.group(1))
-        except ValueError:
-            continue
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-            continue
-        args = data.get("arguments", data.get("parameters", {}))
-        first = match.start() if first is None else first
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": data["name"],
-                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    if not calls:
+    parsed = [c for c in parse_tool_calls(text) if c.ok]
+    if not parsed:
         return text, []
-    content = text[:first].strip()
+    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+              "function": {"name": c.name,
+                           "arguments": c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments)}}
+             for c in parsed]
+    content = text[:parsed[0].start].strip()
     return (content or None), calls
 
 

@@ -1,0 +1,69 @@
+"""Tool calls in the model's own text: Qwen's / Hermes' `<tool_call>` blocks, parsed from a reply.
+
+The model writes a call as text, one JSON object per block:
+
+    <tool_call>
+    {"name": "python", "arguments": {"code": "print(6 * 7)"}}
+    </tool_call>
+
+`parse_tool_calls` finds every block of a reply, well formed or not, so that both readers of a
+reply use one parser: the OpenAI-compatible server (`server/chat_messages.py`), which hands the
+well-formed calls to the client, and the tool agent (`agents/tool.py`), which runs them and
+answers a malformed one with an error the model can learn from. Training never sees this parse:
+it uses the ids the engine sampled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One `<tool_call>` block of a reply: its name and arguments as written, or why it is malformed."""
+
+    name: str | None
+    arguments: Any  # what the block's "arguments" (or "parameters") held: a mapping, a JSON string, ...
+    error: str | None  # None for a well-formed block; else what is wrong, said to the model
+    start: int  # where the block starts in the reply text
+
+    @property
+    def ok(self) -> bool:
+        """True when the block is a JSON object with a string "name"."""
+        return self.error is None
+
+
+def parse_tool_calls(text: str) -> list[ToolCall]:
+    """Every `<tool_call>` block of `text`, in order; a block whose JSON does not parse, that is
+    not an object with a string "name", or that is never closed is returned with its `error`."""
+    calls = []
+    end = 0
+    for match in _BLOCK.finditer(text):
+        calls.append(_call(match.group(1), match.start()))
+        end = match.end()
+    rest = text.find(OPEN, end)
+    if rest >= 0:  # an opening without its closing (a reply cut short, or a typo)
+        calls.append(ToolCall(None, None, f"{OPEN} is not closed with {CLOSE}", rest))
+    return calls
+
+
+def _call(body: str, start: int) -> ToolCall:
+    try:
+        data = json.loads(body)
+    except ValueError as e:
+        return ToolCall(None, None, f"the tool call is not valid JSON ({e})", start)
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return ToolCall(None, None, 'the tool call must be a JSON object with a string "name" and an object '
+                        '"arguments"', start)
+    return ToolCall(data["name"], data.get("arguments", data.get("parameters", {})), None, start)
+
+
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    """The block a model writes to call `name` with `arguments` (Qwen's spacing)."""
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
