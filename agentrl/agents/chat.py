@@ -140,9 +140,11 @@ class ChatAgent:
         return conv
 
 
-def start_conversation(tokenizer: Tokenizer, system_prompt: str | None, first_message: str) -> Conversation:
-    """A conversation opened by the optional system prompt and the first user message."""
-    conv = Conversation(tokenizer)
+def start_conversation(tokenizer: Tokenizer, system_prompt: str | None, first_message: str,
+                       tools: list[dict] | None = None) -> Conversation:
+    """A conversation opened by the optional system prompt and the first user message (with the
+    `tools` the template renders, if any)."""
+    conv = Conversation(tokenizer, tools=tools)
     if system_prompt:
         conv.add_message("system", system_prompt)
     conv.add_message("user", first_message)

@@ -41,6 +41,7 @@ class Conversation:
 
     tokenizer: Tokenizer
     messages: list[dict] = field(default_factory=list)
+    tools: list[dict] | None = None  # function schemas the template renders (`apply_chat_template(tools=)`)
     record: TokenRecord = field(default_factory=TokenRecord)  # the ids, mask, logprobs, rewards so far
     _rendered: str = ""
     # The rendering with the generation prompt and the header's ids, for a message count: the
@@ -58,7 +59,12 @@ class Conversation:
     # ------------------------------------------------------------------ messages we write
     def add_message(self, role: str, content: str) -> None:
         """Append a user/system/tool message as template-formatted ids (mask 0)."""
-        self.messages.append({"role": role, "content": content})
+        self.add_messages([{"role": role, "content": content}])
+
+    def add_messages(self, messages: list[dict]) -> None:
+        """Append several messages at once as template-formatted ids (mask 0): the tool answers of
+        one reply (Qwen's template closes a run of tool messages only after its last one)."""
+        self.messages.extend(messages)
         text = self._render(add_generation_prompt=False)
         self._append_text(self._delta(text))
         self._rendered = text
@@ -90,7 +96,7 @@ class Conversation:
 
     def prepare(self, role: str, content: str) -> tuple[str, list[int]]:
         """(text, ids) that `role`'s `content` adds after this conversation, for `add_prepared`."""
-        probe = Conversation(self.tokenizer, messages=list(self.messages), _rendered=self._rendered)
+        probe = Conversation(self.tokenizer, messages=list(self.messages), tools=self.tools, _rendered=self._rendered)
         probe.add_message(role, content)
         return probe._rendered[len(self._rendered):], probe.token_ids
 
@@ -150,9 +156,7 @@ class Conversation:
 
     # ------------------------------------------------------------------ internals
     def _render(self, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            self.messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        return render_chat(self.tokenizer, self.messages, self.tools, add_generation_prompt)
 
     def _delta(self, text: str) -> str:
         if not text.startswith(self._rendered):
@@ -172,6 +176,14 @@ class Conversation:
 
     def _append_text(self, text: str) -> None:
         self.record.append_prompt(self._encode(text))
+
+
+def render_chat(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None,
+                add_generation_prompt: bool) -> str:
+    """The chat template's text for `messages`, with `tools` rendered when there are any."""
+    kwargs = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **kwargs)
 
 
 def completion_versions(completion: Completion) -> list[int]:
@@ -218,18 +230,28 @@ class TokenBudget:
 
 
 def check_chat_template(tokenizer: Tokenizer, system_prompt: str | None = None, turns: int = 3,
-                        feedback: tuple[str, ...] = ("Wrong, try again.",)) -> None:
+                        feedback: tuple[str, ...] = ("Wrong, try again.",), tools: list[dict] | None = None) -> None:
     """Play the agent's conversation shape (system?, then user/assistant turns) through a
-    `Conversation`; raise a one-line ConfigError if the template is not prefix-preserving."""
-    conv = Conversation(tokenizer)
+    `Conversation`; raise a one-line ConfigError if the template is not prefix-preserving.
+
+    With `tools` (function schemas), the template renders them, and the first reply calls one,
+    answered by two tool messages at once, as the tool agent does."""
+    conv = Conversation(tokenizer, tools=tools or None)
     if system_prompt:
         conv.add_message("system", system_prompt)
     conv.add_message("user", "Instructions.\nObservation 0.")
     eos = tokenizer.eos_token_id
     for k in range(turns):
-        reply = tokenizer.encode(f"<answer>{k}</answer>", add_special_tokens=False) + [eos]
+        text = f"<answer>{k}</answer>"
+        if tools and k == 0:
+            name = tools[0]["function"]["name"]
+            text = f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n</tool_call>'
+        reply = tokenizer.encode(text, add_special_tokens=False) + [eos]
         conv.add_completion(Completion(reply, [0.0] * len(reply), "stop"), (eos,))
-        conv.add_message("user", feedback[k % len(feedback)] if feedback else f"Observation {k + 1}.")
-    full = tokenizer.apply_chat_template(conv.messages, tokenize=False, add_generation_prompt=True)
+        if tools and k == 0:
+            conv.add_messages([{"role": "tool", "content": "Answer 1."}, {"role": "tool", "content": "Answer 2."}])
+        else:
+            conv.add_message("user", feedback[k % len(feedback)] if feedback else f"Observation {k + 1}.")
+    full = render_chat(tokenizer, conv.messages, conv.tools, add_generation_prompt=True)
     if not full.startswith(conv._rendered):
         raise ConfigError(NOT_PREFIX_PRESERVING.format(where="the generation prompt"))

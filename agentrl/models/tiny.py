@@ -19,9 +19,26 @@ from agentrl.config import TinyModelConfig
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 # Reply tags are ordinary (non-special) added tokens: decode(skip_special_tokens=True) keeps them.
 TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+# ChatML. With `tools=` (apply_chat_template's), Qwen2.5's tool block opens the conversation as a
+# system message (merged with the conversation's own system message, if it has one): the tools'
+# JSON schemas and how to call them. Without tools it renders exactly as it always has.
+TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_FOOTER = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '" + TOOLS_HEADER + "' }}"
+    "{% for tool in tools %}{{ '\n' }}{{ tool | tojson }}{% endfor %}"
+    "{{ '" + TOOLS_FOOTER + "' + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if not (tools and loop.first and message['role'] == 'system') %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

@@ -96,3 +96,64 @@ def test_encode_text_gives_the_ids_of_tokenizer_encode(tiny_tokenizer, state):
     ours = [encode_text(tok, text) for text in texts]  # first: tokenizer.encode changes the backend's state
     assert (ours[3][0] != tok.eos_token_id) == (state == "split_special_tokens")
     assert ours == [tok.encode(text, add_special_tokens=False) for text in texts], state
+
+
+# Qwen2.5-Instruct's tool branches, shortened: the tools in the first system message, and a run of
+# tool messages rendered as one user turn, closed only after its last message.
+QWEN_TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}{% if m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ m.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% elif not (tools and loop.first and m.role == 'system') %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TOOLS = [{"type": "function", "function": {"name": "python", "description": "Run code.",
+                                            "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_a_run_of_tool_answers_is_appended_at_once_with_the_tools_rendered(tiny_tokenizer):
+    import copy
+
+    from agentrl.llm.conversation import check_chat_template
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = QWEN_TOOL_TEMPLATE
+    check_chat_template(tok, "Be brief.", tools=TOOLS)  # the tool agent's shape is prefix-preserving here
+    conv = Conversation(tok, tools=TOOLS)
+    conv.add_message("system", "Be brief.")
+    conv.add_message("user", "What is 6 * 7?")
+    call = tok.encode('<tool_call>{"name": "python", "arguments": {}}</tool_call>', add_special_tokens=False)
+    conv.add_completion(Completion(call + [tok.eos_token_id], [-0.1] * (len(call) + 1), "stop"), (tok.eos_token_id,))
+    conv.add_messages([{"role": "tool", "content": "42"}, {"role": "tool", "content": "done"}])
+    rendered = tok.apply_chat_template(conv.messages, tools=TOOLS, tokenize=False)
+    assert tok.decode(conv.token_ids) == rendered and rendered.count('"description": "Run code."') == 1
+    assert "Be brief.\n\n# Tools" in rendered
+    assert rendered.endswith("<|im_start|>user<tool_response>\n42\n</tool_response><tool_response>\ndone\n"
+                             "</tool_response><|im_end|>\n")  # (transformers trims the newline after a block tag)
+    # one at a time, the first answer's closing would have to be taken back: not prefix-preserving
+    conv = Conversation(tok, tools=TOOLS)
+    conv.add_message("user", "What is 6 * 7?")
+    conv.add_completion(Completion(call + [tok.eos_token_id], [-0.1] * (len(call) + 1), "stop"), (tok.eos_token_id,))
+    conv.add_message("tool", "42")
+    with pytest.raises(ConfigError, match="prefix-preserving"):
+        conv.add_message("tool", "done")
+
+
+def test_the_embedded_template_renders_tools_and_nothing_else_changes(tiny_tokenizer):
+    from agentrl.llm.conversation import check_chat_template
+
+    chatml = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+              "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "<answer>1</answer>"}, {"role": "tool", "content": "t"}]
+    for gen in (True, False):  # without tools: ChatML exactly, as before tools existed
+        assert tiny_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen) == \
+            tiny_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen, chat_template=chatml)
+    with_tools = tiny_tokenizer.apply_chat_template(msgs, tools=TOOLS, tokenize=False)
+    assert with_tools.startswith("<|im_start|>system\nS\n\n# Tools\n") and with_tools.count("<|im_start|>system") == 1
+    assert '{"type": "function", "function": {"name": "python"' in with_tools and "<tool_call>" in with_tools
+    assert with_tools.endswith("<|im_start|>tool\nt<|im_end|>\n")
+    check_chat_template(tiny_tokenizer, None, tools=TOOLS)
+    check_chat_template(tiny_tokenizer, "S", tools=TOOLS)

@@ -19,6 +19,7 @@ import json
 import uuid
 from typing import Any
 
+from agentrl.llm.conversation import render_chat
 from agentrl.llm.tool_calls import OPEN, parse_tool_calls
 from agentrl.tokenizer import Tokenizer
 
@@ -103,9 +104,7 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | None:
 def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> str:
     """The chat template's text for `messages` (a template error is a MessageError)."""
     try:
-        kwargs = {"tools": tools} if tools else {}
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
-                                             **kwargs)
+        return render_chat(tokenizer, messages, tools, generation_prompt)
     except Exception as e:  # noqa: BLE001 (jinja raises anything; the client must hear why)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise MessageError(f"the chat template cannot render these messages: {type(e).__name__}: {first}",
