@@ -62,6 +62,14 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     return f" Did you mean '{close[0]}'?" if close else ""
 
 
+class ToolError(AgentRLError):
+    """A tool call failed; the message is the tool's answer to the model (the run goes on)."""
+
+
+class ToolTimeout(ToolError):
+    """A tool call ran past its time limit and was stopped."""
+
+
 class TrainingError(AgentRLError):
     """An update produced a non-finite loss or gradient; the message names the term and its inputs."""
 

@@ -1,4 +1,4 @@
-"""Name -> object registries for envs, agents and estimators (one small class, no magic)."""
+"""Name -> object registries for envs, agents, estimators and tools (one small class, no magic)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ ENVS: Registry[Callable] = Registry("env type")
 AGENTS: Registry[Callable] = Registry("agent type")
 ESTIMATORS: Registry[Callable] = Registry("advantage estimator")
 POLICY_LOSSES: Registry[Callable] = Registry("policy loss mode")
+TOOLS: Registry = Registry("tool")  # name -> agentrl.tools.Tool, filled by the @tool decorator
 
 
 def register_env(name: str, factory: Callable | None = None, *, overwrite: bool = False):
@@ -94,7 +95,8 @@ def register_policy_loss(name: str, fn: Callable | None = None, *, overwrite: bo
 # embedded model's cache key all load them through `load_builtins`.
 BUILTIN_MODULES = ("agentrl.envs.frozen_lake", "agentrl.envs.sokoban", "agentrl.envs.math", "agentrl.envs.gem",
                    "agentrl.envs.reasoning_gym", "agentrl.agents.chat", "agentrl.agents.math_retry",
-                   "agentrl.agents.openai", "agentrl.algos.advantages", "agentrl.algos.policy_losses")
+                   "agentrl.agents.openai", "agentrl.algos.advantages",
+                   "agentrl.algos.policy_losses")
 
 
 def load_builtins() -> None:

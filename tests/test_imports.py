@@ -13,6 +13,8 @@ FORBIDDEN = {
     "envs": {"agents", "llm", "rollout", "train", "runtime", "models", "algos", "cli", "torch"},
     "llm": {"envs", "agents", "rollout", "train", "runtime", "algos", "cli"},
     "agents": {"rollout", "train", "runtime", "algos", "models", "cli"},
+    # tools are plain functions and their sandbox: no part of the loop, no model, no torch
+    "tools": {"envs", "agents", "llm", "rollout", "train", "runtime", "algos", "models", "cli", "torch"},
     "rollout": {"train", "runtime", "algos", "models", "cli"},
     # the trainer reaches the engine only through its rollout source (rollout/source.py)
     "train": {"envs", "agents", "llm", "runtime", "cli"},

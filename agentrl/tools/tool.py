@@ -1,0 +1,187 @@
+"""Tools as plain functions: the `@tool` decorator, the JSON schema the chat template renders,
+checking a call's arguments, and running a call (sync or async) under a timeout.
+
+    from agentrl.tools import tool
+
+    @tool
+    def add(a: int, b: int) -> int:
+        \"\"\"Add two integers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        \"\"\"
+        return a + b
+
+registers `add` (the function itself is returned unchanged). Its schema is what transformers'
+`get_json_schema` makes of the type hints and the Google-style docstring (every parameter needs a
+line under `Args:`), the format `apply_chat_template(tools=...)` takes. Keyword-only parameters
+(after `*`) are the tool's settings, not the model's: they are left out of the schema and set
+from the run's config (`agent.args.tool_args.<tool>.<setting>`), the defaults otherwise.
+
+A tool answers with its return value (a string as it is; anything else as JSON). It signals a
+failed call by raising: `ToolError("why")` says why to the model; any other exception is
+answered with its type and message. A synchronous function runs in a thread; at its timeout the
+call is abandoned but the thread cannot be stopped, so a tool that may hang should be async
+(the `python` tool runs its code in a process it kills).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agentrl.errors import ConfigError, ToolError, ToolTimeout, as_failure, did_you_mean, shown
+from agentrl.registry import TOOLS
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
+               "object": dict, "null": type(None)}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A registered tool: its function, the schema the model sees, and its settings' values."""
+
+    name: str
+    fn: Callable[..., Any]
+    schema: dict[str, Any]  # {"type": "function", "function": {name, description, parameters}}
+    settings: dict[str, Any] = field(default_factory=dict)  # keyword-only parameters -> values
+    check: Callable[[dict[str, Any]], None] | None = None  # raises ConfigError when the tool cannot run here
+
+    def configure(self, settings: dict[str, Any], where: str) -> Tool:
+        """This tool with `settings` applied (checked by name and type; `where` names the config key)."""
+        if not isinstance(settings, dict):
+            raise ConfigError(f"{where}={shown(settings)} is not a mapping of setting -> value")
+        for key, value in settings.items():
+            if key not in self.settings:
+                known = ", ".join(self.settings) or "(none)"
+                raise ConfigError(f"{where}.{key} is not a setting of tool '{self.name}'.{did_you_mean(key, self.settings)}"
+                                  f" Its settings are {known}")
+            default = self.settings[key]
+            if default is not None and not _same_kind(value, default):
+                raise ConfigError(f"{where}.{key}={shown(value)} is not a {type(default).__name__} "
+                                  f"(default {default!r})")
+        return replace(self, settings={**self.settings, **settings})
+
+    def start(self) -> None:
+        """Check that the tool can run here with its settings (a ConfigError says why not)."""
+        if self.check is not None:
+            self.check(dict(self.settings))
+
+    def argument_error(self, arguments: Any) -> str | None:
+        """Why the model's `arguments` cannot be passed to the tool, or None (said to the model)."""
+        if not isinstance(arguments, dict):
+            return f"the arguments of {self.name} must be a JSON object, got {_kind(arguments)}"
+        props = self.schema["function"]["parameters"].get("properties", {})
+        unknown = [k for k in arguments if k not in props]
+        if unknown:
+            return f"{self.name} has no argument {unknown[0]!r}; its arguments: {', '.join(props) or '(none)'}"
+        missing = [k for k in self.schema["function"]["parameters"].get("required", []) if k not in arguments]
+        if missing:
+            return f"{self.name} needs the argument {missing[0]!r}"
+        for key, value in arguments.items():
+            expected = props[key].get("type")
+            if isinstance(expected, str) and not _matches(value, expected):
+                return f"argument {key!r} of {self.name} must be of type {expected}, got {_kind(value)}"
+        return None
+
+    async def run(self, arguments: dict[str, Any], timeout: float | None = None) -> str:
+        """The tool's answer to a call with checked `arguments`; raises ToolError (ToolTimeout
+        past `timeout` seconds) with what to tell the model."""
+        kwargs = {**arguments, **self.settings}
+        limit = asyncio.timeout(timeout)
+        try:
+            async with limit:
+                if inspect.iscoroutinefunction(self.fn):
+                    result = await self.fn(**kwargs)
+                else:  # a thread; abandoned (not stopped) at the timeout
+                    result = await asyncio.to_thread(self.fn, **kwargs)
+        except ToolError:
+            raise
+        except TimeoutError:
+            if limit.expired():
+                raise ToolTimeout(f"{self.name} did not answer within {timeout:g} s and was stopped") from None
+            raise ToolError(f"{self.name} raised TimeoutError") from None
+        except BaseException as e:  # the tool's own failure: the model hears it, the run goes on
+            failure = as_failure(e)
+            if failure is e and not isinstance(e, Exception):
+                raise  # the episode itself is being cancelled
+            raise ToolError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
+        return result if isinstance(result, str) else json.dumps(result, default=str)
+
+
+def tool(fn: Callable | None = None, *, name: str | None = None, check: Callable[[dict[str, Any]], None] | None = None,
+         overwrite: bool = False) -> Any:
+    """Register `fn` as a tool (usable as `@tool` or `@tool(name=..., check=...)`) and return it
+    unchanged; `check(settings)` raises a ConfigError when the tool cannot run here."""
+    def register(f: Callable) -> Callable:
+        key = name or f.__name__
+        if key not in TOOLS or TOOLS.get(key).fn is not f:  # the same function decorated again is one tool
+            TOOLS.register(key, make_tool(f, name=name, check=check), overwrite=overwrite)
+        return f
+
+    return register if fn is None else register(fn)
+
+
+def make_tool(fn: Callable, name: str | None = None, check: Callable[[dict[str, Any]], None] | None = None) -> Tool:
+    """The Tool of a function: its schema from the type hints and docstring (transformers'
+    `get_json_schema`), its keyword-only parameters as settings."""
+    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
+
+    name = name or fn.__name__
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(f"tool name {name!r} must be letters, digits, '_' or '-', not starting with a digit")
+    params = inspect.signature(fn).parameters.values()
+    odd = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY)]
+    if odd:
+        raise ConfigError(f"tool {name}: parameter {odd[0]!r} cannot be given by name; the model passes arguments "
+                          "by name (plain parameters), settings are keyword-only (after `*`)")
+    settings = {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+    missing = [k for k, v in settings.items() if v is inspect.Parameter.empty]
+    if missing:
+        raise ConfigError(f"tool {name}: setting {missing[0]!r} (keyword-only) needs a default")
+    try:
+        schema = get_json_schema(fn)
+    except (DocstringParsingException, TypeHintParsingException) as e:
+        raise ConfigError(f"tool {name}: {e} (write a docstring with an `Args:` line per parameter, and type "
+                          "hints)") from None
+    function = schema["function"]
+    function["name"] = name
+    parameters = function.setdefault("parameters", {"type": "object", "properties": {}})
+    for key in settings:  # settings are the run's, not the model's
+        parameters.get("properties", {}).pop(key, None)
+    if "required" in parameters:
+        parameters["required"] = [k for k in parameters["required"] if k not in settings]
+    function.pop("return", None)  # what it returns is text to the model either way
+    return Tool(name, fn, schema, settings, check)
+
+
+def _same_kind(value: Any, default: Any) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
+
+
+def _matches(value: Any, expected: str) -> bool:
+    kind = _JSON_TYPES.get(expected)
+    if kind is None:
+        return True  # a type this check does not know: the tool judges
+    if expected in ("integer", "number") and isinstance(value, bool):
+        return False
+    return isinstance(value, kind)
+
+
+def _kind(value: Any) -> str:
+    for name, kind in _JSON_TYPES.items():
+        if isinstance(value, kind) and not (name in ("integer", "number") and isinstance(value, bool)):
+            return name
+    return type(value).__name__
