@@ -96,3 +96,16 @@ def without_plan(stderr):
         if not in_plan:
             out.append(line)
     return "\n".join(out)
+
+
+def bwrap_problem():
+    """Why the python tool's bubblewrap sandbox cannot run here (its one-line refusal), or None."""
+    from agentrl.errors import ConfigError
+    from agentrl.registry import TOOLS
+    from agentrl.tools import python  # noqa: F401 (registers it)
+
+    try:
+        TOOLS.get("python").start()
+    except ConfigError as e:
+        return str(e)
+    return None
