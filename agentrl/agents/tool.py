@@ -1,0 +1,235 @@
+"""The tool agent: the chat agent, with tools the model calls in its own format between env steps.
+
+The chat template renders the tools' schemas (`apply_chat_template(tools=...)`). A reply that
+holds `<tool_call>` blocks (Qwen's / Hermes' format, parsed by `llm/tool_calls.py`) is not an
+action: its calls run (at once, each under `tool_timeout` seconds) and their answers come back as
+the template's tool messages, all of one reply's at once; the model replies again. A reply
+without a call is the action the env steps on. So an episode of `max_turns` env steps may hold
+up to `max_tool_calls` more replies; once the calls are spent, a reply that calls anyway goes to
+the env as its action (which cannot parse it).
+
+Token-exact as every agent: replies are the engine's ids verbatim (mask 1); tool answers are
+observations we write (mask 0). A malformed call (not JSON, no name, an unknown tool, wrong
+arguments, never closed) is answered with an error saying what is wrong, as is a tool that
+fails or times out; an answer longer than `max_tool_response_length` characters is cut
+(`tool_response_truncate_side`, verl's names and marks).
+
+Each tool reply is a turn of its own with reward 0 (the env's rewards sit on the replies it
+stepped on); its state, for step-level credit, is the observation and the tool answers so far.
+`info["metrics"]` gets `tools/calls`, `tools/malformed`, `tools/errors` (failed calls, timeouts
+included), `tools/timeouts` and `tools/used` (0 or 1) per episode, and `tools/success_with_tool`
+or `tools/success_without_tool` (the episode's success, under the one that applies): averaged
+per tag they are the rates the logs show as `env/<tag>/tools/...` and `eval/<tag>/tools/...`.
+With no tools (`tools: []`) the agent is the chat agent: the same model and recipe, tools off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.agents.chat import start_conversation, take_turn
+from agentrl.envs.base import Env
+from agentrl.errors import ConfigError, ToolError, ToolTimeout, did_you_mean
+from agentrl.llm.conversation import TokenBudget, check_chat_template
+from agentrl.llm.engine import LLMClient, SamplingParams
+from agentrl.llm.tool_calls import OPEN, ToolCall, call_text, parse_tool_calls
+from agentrl.registry import TOOLS, register_agent
+from agentrl.tokenizer import Tokenizer
+from agentrl.tools import Tool
+from agentrl.trajectory import Task, Trajectory
+
+TRUNCATE_SIDES = ("left", "right", "middle")
+
+
+@dataclass
+class ToolUsage:
+    """One episode's tool calls, counted."""
+
+    calls: int = 0
+    malformed: int = 0
+    errors: int = 0
+    timeouts: int = 0
+
+    def metrics(self, success: bool) -> dict[str, float]:
+        """The episode's `tools/` metrics."""
+        used = self.calls > 0
+        return {"tools/calls": float(self.calls), "tools/malformed": float(self.malformed),
+                "tools/errors": float(self.errors), "tools/timeouts": float(self.timeouts), "tools/used": float(used),
+                f"tools/success_{'with' if used else 'without'}_tool": float(success)}
+
+
+class ToolAgent:
+    """The chat agent with tools (see the module's docstring)."""
+
+    def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
+                 system_prompt: str | None = None, budget: TokenBudget | None = None,
+                 tools: Sequence[str] = (), tool_args: dict[str, dict] | None = None, max_tool_calls: int = 4,
+                 tool_timeout: float = 30.0, max_tool_response_length: int = 1024,
+                 tool_response_truncate_side: str = "left") -> None:
+        # Arguments are rejected with ValueError, as every agent's (the run names the config key).
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        _check_int("max_tool_calls", max_tool_calls, 0)
+        _check_int("max_tool_response_length", max_tool_response_length, 1)
+        if isinstance(tool_timeout, bool) or not isinstance(tool_timeout, (int, float)) or not tool_timeout > 0:
+            raise ValueError(f"tool_timeout={tool_timeout!r}; expected seconds > 0")
+        if tool_response_truncate_side not in TRUNCATE_SIDES:
+            raise ValueError(f"tool_response_truncate_side={tool_response_truncate_side!r}; expected one of "
+                             f"{', '.join(TRUNCATE_SIDES)}")
+        try:
+            self.tools = resolve_tools(tools, tool_args)
+            for t in self.tools.values():
+                t.start()  # a tool that cannot run here says so now, in one line
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.max_turns = max_turns
+        self.system_prompt = system_prompt
+        self.budget = budget or TokenBudget()
+        self.max_tool_calls = max_tool_calls
+        self.tool_timeout = float(tool_timeout)
+        self.max_tool_response_length = max_tool_response_length
+        self.truncate_side = tool_response_truncate_side
+        self.schemas = [t.schema for t in self.tools.values()] or None
+        self.eos_token_ids = (tokenizer.eos_token_id,)
+        if self.schemas and callable(getattr(tokenizer, "apply_chat_template", None)):
+            check_chat_template(tokenizer, system_prompt, tools=self.schemas)
+
+    @classmethod
+    def corpus_texts(cls, args: dict) -> list[str]:
+        """Fixed text this agent writes, for training the embedded model's tokenizer: the tools'
+        schemas, and a call of each."""
+        tools = resolve_tools(args.get("tools", ()), args.get("tool_args"))
+        return [text for t in tools.values() for text in (json.dumps(t.schema), call_text(t.name, {}))]
+
+    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
+        """Play one episode of `env` seeded by the task, calling tools between env steps."""
+        obs, _ = await env.reset(seed=task.env_seed)
+        instructions = getattr(env, "instructions", "")
+        conv = start_conversation(self.tokenizer, self.system_prompt, f"{instructions}\n{obs}" if instructions else obs,
+                                  tools=self.schemas)
+        usage = ToolUsage()
+        info: dict = {}
+        invalid = cut_off = steps = replies = 0
+        terminated = truncated = False
+        reason: str | None = "max_turns"
+        states = []
+        state = obs  # what the next reply acts on: the observation, and the tool answers since
+        observed = None  # mark before the latest observation or tool answers, taken back if no reply can follow
+        while steps < self.max_turns:
+            reply, stop = await take_turn(conv, llm, task, replies, self, undo=observed)
+            replies += 1
+            if stop:
+                reason = stop
+                break
+            states.append(state)
+            if reply is not None and self.tools and OPEN in reply and usage.calls < self.max_tool_calls:
+                answers = await self._answer(parse_tool_calls(reply), usage)
+                observed = conv.mark()
+                conv.add_messages([{"role": "tool", "content": a} for a in answers])
+                state = "\n".join([state, *answers])
+                continue
+            if reply is None:  # cut off at max_new_tokens: no answer
+                cut_off += 1
+                reply = ""
+            obs, reward, terminated, truncated, step_info = await env.step(reply)
+            steps += 1
+            conv.set_turn_reward(reward)
+            invalid += int(not step_info.get("action_valid", True))
+            if terminated or truncated:
+                info = dict(step_info)
+                reason = None if terminated else "env"
+                break
+            observed = conv.mark()
+            conv.add_message("user", obs)
+            state = obs
+        if self.budget.context:
+            conv.trim(self.budget.context)  # a reply that filled the context still gets its closing
+        success = bool(info.pop("success", False))
+        env_metrics = info.get("metrics") if isinstance(info.get("metrics"), dict) else {}
+        info["metrics"] = {**env_metrics, **usage.metrics(success)}
+        return Trajectory.from_record(conv.record, task, states, success=success, terminated=bool(terminated),
+                                      truncation_reason=reason, info=info, invalid_actions=invalid,
+                                      truncated_replies=cut_off)
+
+    async def _answer(self, calls: list[ToolCall], usage: ToolUsage) -> list[str]:
+        """Each call's answer (run at once; calls past the episode's `max_tool_calls` are refused)."""
+        left = self.max_tool_calls - usage.calls
+        usage.calls += len(calls)
+        answers = await asyncio.gather(*(self._run(call, usage) if k < left else self._refused(usage)
+                                         for k, call in enumerate(calls)))
+        return [self._truncate(a) for a in answers]
+
+    async def _run(self, call: ToolCall, usage: ToolUsage) -> str:
+        problem = call.error
+        tool = None
+        arguments = call.arguments
+        if problem is None:
+            tool = self.tools.get(call.name)
+            if tool is None:
+                problem = (f"unknown tool {call.name!r}.{did_you_mean(call.name, self.tools)} "
+                           f"The tools: {', '.join(self.tools)}")
+        if problem is None and isinstance(arguments, str):  # arguments written as a JSON string
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                problem = f"the arguments of {call.name} are a string that is not JSON"
+        if problem is None:
+            problem = tool.argument_error(arguments)
+        if problem is not None:
+            usage.malformed += 1
+            return f"Error: {problem}"
+        try:
+            return await tool.run(arguments, self.tool_timeout)
+        except ToolError as e:
+            usage.errors += 1
+            usage.timeouts += int(isinstance(e, ToolTimeout))
+            return f"Error: {e}"
+
+    async def _refused(self, usage: ToolUsage) -> str:
+        usage.errors += 1
+        return f"Error: no tool calls left in this episode (at most {self.max_tool_calls}); answer without tools"
+
+    def _truncate(self, text: str) -> str:
+        n = self.max_tool_response_length
+        if len(text) <= n:
+            return text
+        if self.truncate_side == "left":  # verl's: keep the start
+            return text[:n] + "...(truncated)"
+        if self.truncate_side == "right":
+            return "(truncated)..." + text[-n:]
+        return text[:n // 2] + "...(truncated)..." + text[-(n // 2):]
+
+
+def resolve_tools(names: Sequence[str], tool_args: dict[str, dict] | None) -> dict[str, Tool]:
+    """The named registered tools with their settings from `tool_args` (one-line errors naming the key)."""
+    import agentrl.tools.python  # noqa: F401 (registers the built-in tools)
+
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"tools={names!r} is not a list of tool names (known: {', '.join(TOOLS.names())})")
+    if tool_args is not None and not isinstance(tool_args, dict):
+        raise ConfigError(f"tool_args={tool_args!r} is not a mapping of tool name -> settings")
+    tool_args = dict(tool_args or {})
+    for name in [*names, *tool_args]:
+        if name not in TOOLS:
+            where = "tools" if name in names else "tool_args"
+            raise ConfigError(f"unknown tool {name!r} in {where}.{did_you_mean(name, TOOLS.names())} Known: "
+                              f"{', '.join(TOOLS.names())} (a tool of yours: @tool in a module of imports=)")
+    if len(set(names)) < len(names):
+        raise ConfigError(f"tools={list(names)!r} names a tool twice")
+    # Settings of a tool not in use are checked too, and kept for when it is (tools: [] is the no-tool baseline).
+    configured = {name: TOOLS.get(name).configure(settings, f"tool_args.{name}") for name, settings in tool_args.items()}
+    return {name: configured.get(name) or TOOLS.get(name) for name in names}
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}={value!r}; expected an int >= {low}")
+
+
+register_agent("tool", ToolAgent)
