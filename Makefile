@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 CORE   := $(VENV)/.installed-core
 DEV    := $(VENV)/.installed-dev
 
-.PHONY: demo test setup clean browser
+.PHONY: demo test setup clean browser sandbox
 
 # The core: what `agentrl train` needs for the embedded default, and no optional extra.
 $(CORE): pyproject.toml constraints.txt
@@ -27,7 +27,7 @@ setup: $(DEV)
 demo: $(CORE)
 	$(BIN)/agentrl train $(ARGS)
 
-test: $(DEV) browser
+test: $(DEV) browser sandbox
 	$(BIN)/python -m pytest -q $(ARGS)
 
 # The viewer's browser test drives Debian's headless Chromium. Installing it needs root and apt,
@@ -37,6 +37,14 @@ browser:
 	  (export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
 	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1)) || \
 	  echo "chromium not installed (needs root and apt-get): the viewer's browser test will skip"
+
+# The python tool's sandbox is Debian's bubblewrap. Installing it needs root and apt too, so this
+# step never fails the build: without it the sandbox's tests skip and say why.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || \
+	  (export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	   (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) || \
+	  echo "bubblewrap not installed (needs root and apt-get): the python tool's sandbox tests will skip"
 
 clean:
 	rm -rf $(VENV) runs

@@ -14,6 +14,7 @@ The public API, imported lazily (so `import agentrl` stays fast):
 - the seeds' (AReaL legacy) names: `Agent` (the queue-style base: `collect_trajectory`; our own
   contract is `agentrl.agents.base.Agent`, `run_episode`), `EnvironmentService`,
   `SequenceSample`, `BundledGenerationOutputs`, `GenerationHyperparameters`, `math_verify_call`;
+- `tool`, the decorator that makes a function a tool the model can call (docs/tools.md);
 - `Config`, `check_env`, and the error types `AgentRLError`, `ConfigError`.
 """
 
@@ -29,7 +30,7 @@ _EXPORTS = {
     "Agent": "agentrl.agents.seed_api", "SequenceSample": "agentrl.agents.seed_api",
     "BundledGenerationOutputs": "agentrl.agents.seed_api", "GenerationHyperparameters": "agentrl.agents.seed_api",
     "EnvironmentService": "agentrl.envs.service", "math_verify_call": "agentrl.envs.service",
-    "Config": "agentrl.config", "check_env": "agentrl.envs.checker",
+    "Config": "agentrl.config", "check_env": "agentrl.envs.checker", "tool": "agentrl.tools",
     "AgentRLError": "agentrl.errors", "ConfigError": "agentrl.errors",
 }
 
