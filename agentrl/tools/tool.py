@@ -95,23 +95,25 @@ class Tool:
         """The tool's answer to a call with checked `arguments`; raises ToolError (ToolTimeout
         past `timeout` seconds) with what to tell the model."""
         kwargs = {**arguments, **self.settings}
-        limit = asyncio.timeout(timeout)
+        if inspect.iscoroutinefunction(self.fn):
+            call = asyncio.ensure_future(self.fn(**kwargs))
+        else:  # a thread; abandoned (not stopped) at the timeout
+            call = asyncio.ensure_future(asyncio.to_thread(self.fn, **kwargs))
         try:
-            async with limit:
-                if inspect.iscoroutinefunction(self.fn):
-                    result = await self.fn(**kwargs)
-                else:  # a thread; abandoned (not stopped) at the timeout
-                    result = await asyncio.to_thread(self.fn, **kwargs)
+            done, _ = await asyncio.wait({call}, timeout=timeout)
+        finally:
+            if not call.done():  # past its time, or the episode is stopping: the call stops too
+                call.cancel()
+                await asyncio.wait({call})
+        if not done:
+            raise ToolTimeout(f"{self.name} did not answer within {timeout:g} s and was stopped")
+        try:
+            result = call.result()
         except ToolError:
             raise
-        except TimeoutError:
-            if limit.expired():
-                raise ToolTimeout(f"{self.name} did not answer within {timeout:g} s and was stopped") from None
-            raise ToolError(f"{self.name} raised TimeoutError") from None
         except BaseException as e:  # the tool's own failure: the model hears it, the run goes on
-            failure = as_failure(e)
-            if failure is e and not isinstance(e, Exception):
-                raise  # the episode itself is being cancelled
+            if not isinstance(as_failure(e), Exception):
+                raise  # KeyboardInterrupt on the main thread, GeneratorExit: not the tool's to answer
             raise ToolError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
         return result if isinstance(result, str) else json.dumps(result, default=str)
 
