@@ -12,6 +12,7 @@ that moved, e.g. rollout.max_num_seqs is engine.max_num_seqs), else the closest 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -244,6 +245,7 @@ def _set_nested(d: dict, dotted: str, value: Any) -> None:
         d[head] = value
 
 
+@functools.cache  # a class's hints never change, and resolving them is most of a config load's time
 def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
