@@ -12,6 +12,7 @@ warm start fails the test.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import subprocess
 import sys
 import types
@@ -32,11 +33,13 @@ ROOT = Path(__file__).parents[1]
 HUGE = str(2**64)  # beyond int64, beyond every seed torch accepts
 
 
+@functools.cache  # read by every case's generator: the schema walk once, not once per call
 def _leaf_types(cls: type = Config, prefix: str = "") -> dict[str, Any]:
     """{dotted key: type} of every leaf field."""
     out = {}
+    types_of = _field_types(cls)
     for f in dataclasses.fields(cls):
-        tp = _field_types(cls)[f.name]
+        tp = types_of[f.name]
         if dataclasses.is_dataclass(tp):
             out.update(_leaf_types(tp, f"{prefix}{f.name}."))
         else:
