@@ -18,7 +18,7 @@ import torch
 from agentrl.config import TinyModelConfig
 from agentrl.config_model import LoraConfig
 from agentrl.errors import EngineError
-from agentrl.llm.engine import SamplingParams
+from agentrl.llm.engine import InferenceEngine, SamplingParams
 from agentrl.llm.remote_wire import span_versions
 from agentrl.llm.vllm.launch import VllmServer
 from agentrl.models.loading import save_pretrained
@@ -69,6 +69,7 @@ PROMPT = [1, 10, 11, 12, 40, 41]
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_ids_come_back_with_the_trainers_logprobs(served, temperature):
     engine, model = served
+    assert isinstance(engine, InferenceEngine)  # the trainer's side cannot tell it from ours
     sampling = SamplingParams(max_new_tokens=24, temperature=temperature, seed=5)
     first = asyncio.run(engine.generate(PROMPT, sampling))
     again = asyncio.run(engine.generate(PROMPT, sampling))

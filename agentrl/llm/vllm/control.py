@@ -40,10 +40,16 @@ class VllmControl:
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         """The JSON answer of one route (None for an empty body); EngineError in one line otherwise."""
-        try:
-            resp = self.http.request(method, self.url + path, **kwargs)
-        except httpx.HTTPError as e:
-            raise EngineError(f"vLLM server {self.url} is not answering {path} ({type(e).__name__}: {e})") from None
+        for attempt in range(2):
+            try:
+                resp = self.http.request(method, self.url + path, **kwargs)
+                break
+            except httpx.TransportError as e:
+                # After a route raised (a 500 from a worker error), vLLM's server closes that
+                # keep-alive connection: the next call on it is reset before it is read. Once more.
+                if attempt:
+                    raise EngineError(f"vLLM server {self.url} is not answering {path} "
+                                      f"({type(e).__name__}: {e})") from None
         if resp.status_code == 404 and "json" not in resp.headers.get("content-type", ""):
             raise EngineError(f"vLLM server {self.url} has no route {path}: start it with VLLM_SERVER_DEV_MODE=1 "
                               "(and --enable-scale-out for /inference/v1/generate)")

@@ -30,7 +30,7 @@ from agentrl.errors import EngineError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.remote import RemoteEngine
 from agentrl.llm.vllm.control import PAUSE_MODES, VllmControl
-from agentrl.llm.vllm.launch import TRANSPORT, VllmServer
+from agentrl.llm.vllm.launch import EXTENSION, TRANSPORT, VllmServer
 from agentrl.llm.weights import save_file_atomic
 from agentrl.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_state
 
@@ -55,9 +55,14 @@ class VllmEngine:
         self._adapters: list[str] = []
         self._push_seconds = 0.0
         for control in self.controls:
-            if control.transfer_backend() != TRANSPORT:
-                raise EngineError(f"vLLM server {control.url} does not load agentrl's weight transport; start it "
-                                  f"with --worker-extension-cls agentrl.llm.vllm.transfer.WorkerExtension")
+            try:
+                backend = control.transfer_backend()
+            except EngineError:
+                backend = None
+            if backend != TRANSPORT:
+                raise EngineError(f"vLLM server {control.url} does not load agentrl's weight transport; start it with "
+                                  f"--worker-extension-cls {EXTENSION} and --weight-transfer-config "
+                                  f"'{{\"backend\": \"{TRANSPORT}\"}}', agentrl importable in its environment")
             control.set_weight_version("0")
 
     @classmethod

@@ -92,8 +92,9 @@ class VllmServer:
 
     def command(self) -> list[str]:
         """The server's command line."""
+        # `--api-key=KEY` as one argument: a random key may start with "-", which argparse takes for an option
         cmd = [self.python, "-m", MODULE, "--model", self.model, "--host", self.host, "--port", str(self.port),
-               "--api-key", self.api_key, "--dtype", self.dtype, "--seed", str(self.seed), "--enable-scale-out",
+               f"--api-key={self.api_key}", "--dtype", self.dtype, "--seed", str(self.seed), "--enable-scale-out",
                "--logprobs-mode", "processed_logprobs", "--weight-transfer-config", json.dumps({"backend": TRANSPORT}),
                "--worker-extension-cls", EXTENSION]
         if self.max_model_len:
