@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from agentrl.config import TinyModelConfig
-from agentrl.config_model import LoraConfig
+from agentrl.config import LoraConfig
 from agentrl.errors import EngineError
 from agentrl.llm.engine import InferenceEngine, SamplingParams
-from agentrl.llm.remote_wire import span_versions
+from agentrl.llm.remote.wire import span_versions
 from agentrl.llm.vllm.launch import VllmServer
 from agentrl.models.loading import save_pretrained
 

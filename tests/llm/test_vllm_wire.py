@@ -4,7 +4,7 @@ import pytest
 
 from agentrl.errors import EngineError
 from agentrl.llm.engine import SamplingParams
-from agentrl.llm.remote_wire import VllmWire
+from agentrl.llm.remote.wire import VllmWire
 
 
 def reply(ids, spans):

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from agentrl.errors import EngineError
-from agentrl.llm.remote import _message, nodelay_transport
+from agentrl.llm.remote.engine import error_message, nodelay_transport
 
 PAUSE_MODES = ("abort", "wait", "keep")
 
@@ -54,7 +54,7 @@ class VllmControl:
             raise EngineError(f"vLLM server {self.url} has no route {path}: start it with VLLM_SERVER_DEV_MODE=1 "
                               "(and --enable-scale-out for /inference/v1/generate)")
         if resp.status_code >= 400:
-            message = _message(resp).split(", please check the stack trace")[0]
+            message = error_message(resp).split(", please check the stack trace")[0]
             raise EngineError(f"vLLM server {self.url} refused {path} (HTTP {resp.status_code}): {message}")
         try:
             return resp.json()

@@ -1,6 +1,6 @@
 """`VllmEngine`: the `InferenceEngine` contract on vLLM servers, ours (started here) or running ones.
 
-- **Generation** is `RemoteEngine`'s, in the `vllm` wire format (llm/remote_wire.py): token ids
+- **Generation** is `RemoteEngine`'s, in the `vllm` wire format (llm/remote/wire.py): token ids
   in, token ids and logprobs out on /inference/v1/generate, sticky routing per episode, seeds
   from our stream, retries. Every push labels vLLM's weights with our version number, so each
   id comes back with the version that sampled it (vLLM's `weight_versions` spans).
@@ -28,7 +28,7 @@ from typing import Any
 
 from agentrl.errors import EngineError
 from agentrl.llm.engine import Completion, SamplingParams
-from agentrl.llm.remote import RemoteEngine
+from agentrl.llm.remote.engine import RemoteEngine
 from agentrl.llm.vllm.control import PAUSE_MODES, VllmControl
 from agentrl.llm.vllm.launch import EXTENSION, TRANSPORT, VllmServer
 from agentrl.llm.weights import save_file_atomic
