@@ -41,6 +41,37 @@ TRANSPORT = "agentrl_file"  # transfer.BACKEND (not imported: that module needs 
 EXTENSION = "agentrl.llm.vllm.transfer.WorkerExtension"
 WEIGHTS_DIR_ENV = "AGENTRL_VLLM_WEIGHTS_DIR"
 MODULE = "vllm.entrypoints.openai.api_server"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM accepts
+
+
+def vllm_python(configured: str | None = None) -> tuple[str, str]:
+    """(the interpreter that starts vLLM servers, where it comes from): engine.vllm.python when
+    given, else this checkout's .venv-vllm (what `make vllm` builds) when it exists, else the
+    interpreter running agentrl."""
+    if configured:
+        return str(Path(configured).expanduser()), "engine.vllm.python"
+    venv = Path(agentrl.__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
+    if venv.is_file():  # not resolved: a venv's python is a link whose own path selects the venv
+        return str(venv), "this checkout's .venv-vllm (make vllm)"
+    return sys.executable, "the interpreter running agentrl (this checkout has no .venv-vllm)"
+
+
+def missing_vllm(python: str, timeout: float = 120.0) -> str | None:
+    """Why `python` cannot start a vLLM server (not runnable, or no vllm module), or None; looks the
+    module up without importing it (importing vLLM takes a minute on a loaded CPU)."""
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        return f"cannot be run ({e.strerror or e})"
+    except subprocess.TimeoutExpired:
+        return f"did not answer within {timeout:.0f} s"
+    if done.returncode == 3:
+        return "has no vllm module"
+    if done.returncode:
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        return f"failed ({last[:200]})"
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -74,7 +105,7 @@ class VllmServer:
                  seed: int = 0, env: dict[str, str] | None = None) -> None:
         self.model = str(model)
         self.workdir = Path(workdir)
-        self.python = python or sys.executable
+        self.python = python or vllm_python()[0]
         self.host = host
         self.port = port or free_port(host)
         self.api_key = api_key or secrets.token_urlsafe(24)
@@ -100,7 +131,8 @@ class VllmServer:
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.lora_rank > 0:
-            cmd += ["--enable-lora", "--max-lora-rank", str(max(8, self.lora_rank)), "--max-loras", "2"]
+            rank = min((r for r in LORA_RANKS if r >= self.lora_rank), default=self.lora_rank)
+            cmd += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2"]
         return cmd + self.args
 
     def environment(self) -> dict[str, str]:
