@@ -104,6 +104,26 @@ def test_pushed_weights_serve_at_once_under_a_new_version(served):
 
 
 @needs_vllm
+def test_a_push_is_checked_on_the_probe_and_a_miss_names_the_tolerance(served, tiny_tokenizer):
+    from agentrl.llm.vllm.engine import probe_ids
+
+    engine, model = served
+    new = perturbed(model, seed=11)
+    engine.probe_ids = probe_ids(tiny_tokenizer)
+    engine.probe = lambda ids: trainer_logprobs(new, ids)
+    try:
+        version = engine.load_weights(new.state_dict())
+        assert 0 <= engine.pop_metrics()["policy/engine_probe_diff"] < 1e-4
+        with pytest.raises(EngineError) as err:  # the trainer moved on, the server did not get it
+            engine.load_weights(model.state_dict())
+    finally:
+        engine.probe = None
+    message = str(err.value)
+    assert f"after the push of version {version + 1}, beyond engine.vllm.probe_tolerance=0.001" in message
+    assert "\n" not in message
+
+
+@needs_vllm
 def test_a_refused_weights_file_leaves_the_old_weights_serving(served):
     engine, model = served
     current = perturbed(model, seed=3)

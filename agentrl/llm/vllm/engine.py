@@ -13,8 +13,10 @@
   with /v1/load_lora_adapter under the name `policy-vN`; requests sent after it use it, replies
   in flight finish with the adapter they started with, and are stamped with the version of
   their start.
-- **Probe**: `probe_gap(ids, logprobs)` scores fixed ids on every server and returns the largest
-  difference from the trainer's logprobs of them, the check after each sync.
+- **Probe**: after every push each server must report the new version label and score fixed ids
+  (`probe_ids`) within `probe_tolerance` of the trainer's logprobs of them (`probe`, a function
+  the run gives: the policy's own forward pass); else the push ends in one EngineError naming
+  engine.vllm.probe_tolerance. `policy/engine_probe_diff` logs the gap of the last push.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,18 @@ from agentrl.llm.weights import save_file_atomic
 from agentrl.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_state
 
 KEEP_ADAPTERS = 2  # adapters loaded at once (vLLM's --max-loras): the newest and the one before, for replies in flight
+# The probe's text: words, digits, tags and punctuation, so that it crosses common and rare ids alike
+PROBE_TEXT = ("The agent reads the board and answers: <answer>Left</answer>. Row 3, column 2: 'F', 'H', 'G'. "
+              "Then 17 + 25 = 42; (x - 1) * 2 -> ok? Yes!")
+PROBE_MAX_IDS = 64
+
+
+def probe_ids(tokenizer: Any) -> list[int]:
+    """The fixed ids every server scores after a push: PROBE_TEXT's, at most PROBE_MAX_IDS."""
+    ids = list(tokenizer.encode(PROBE_TEXT, add_special_tokens=False))[:PROBE_MAX_IDS]
+    if len(ids) < 2:
+        raise EngineError(f"the tokenizer gives the probe text {len(ids)} id(s); the probe needs at least 2")
+    return ids
 
 
 class VllmEngine:
@@ -43,17 +58,22 @@ class VllmEngine:
 
     def __init__(self, urls: list[str], weights_dir: str | Path, *, api_key: str | None = None,
                  pause_mode: str = "keep", seed: int = 0, timeout: float = 600.0, max_retries: int = 3,
-                 servers: list[VllmServer] | None = None) -> None:
+                 servers: list[VllmServer] | None = None, probe: Callable[[list[int]], list[float]] | None = None,
+                 probe_ids: list[int] | None = None, probe_tolerance: float = 1e-3) -> None:
         if pause_mode not in PAUSE_MODES:
             raise EngineError(f"unknown pause mode {pause_mode!r}; known: {', '.join(PAUSE_MODES)}")
+        if probe is not None and (probe_ids is None or len(probe_ids) < 2):
+            raise EngineError("a probe needs probe_ids: at least 2 ids to score")
         self.remote = RemoteEngine(urls, "vllm", api_key=api_key, timeout=timeout, max_retries=max_retries, seed=seed)
         self.remote.wire.server_versions = True
         self.controls = [VllmControl(u, api_key, timeout) for u in self.remote.urls]
         self.weights_dir = Path(weights_dir)
         self.pause_mode = pause_mode
         self.servers = list(servers or [])
+        self.probe, self.probe_ids, self.probe_tolerance = probe, list(probe_ids or []), probe_tolerance
         self._adapters: list[str] = []
         self._push_seconds = 0.0
+        self._probe_diff: float | None = None
         for control in self.controls:
             try:
                 backend = control.transfer_backend()
@@ -69,20 +89,21 @@ class VllmEngine:
     def launch(cls, model: str | Path, workdir: str | Path, *, replicas: int = 1, python: str | None = None,
                args: list[str] | tuple[str, ...] = (), start_timeout: float = 900.0, lora_rank: int = 0,
                max_model_len: int | None = None, dtype: str = "float32", seed: int = 0,
-               pause_mode: str = "keep") -> VllmEngine:
+               weights_dir: str | Path | None = None, **engine: Any) -> VllmEngine:
         """Start `replicas` servers of `model` (one after the other: a CPU has no room for two
-        starting at once), wait for each, and return the engine that stops them at close()."""
+        starting at once), wait for each, and return the engine (`engine`: its other arguments)
+        that stops them at close()."""
         servers: list[VllmServer] = []
         key = secrets.token_urlsafe(24)  # one key for all: the client sends one
         try:
             for _ in range(replicas):
                 server = VllmServer(model, workdir, python=python, args=args, api_key=key, lora_rank=lora_rank,
-                                    max_model_len=max_model_len, dtype=dtype, seed=seed)
+                                    max_model_len=max_model_len, dtype=dtype, seed=seed, weights_dir=weights_dir)
                 servers.append(server)
                 server.start()
                 server.wait_ready(start_timeout)
-            return cls([s.url for s in servers], servers[0].weights_dir, api_key=servers[0].api_key,
-                       pause_mode=pause_mode, seed=seed, servers=servers)
+            return cls([s.url for s in servers], servers[0].weights_dir, api_key=key, seed=seed, servers=servers,
+                       **engine)
         except BaseException:
             for server in servers:
                 server.stop()
@@ -101,9 +122,10 @@ class VllmEngine:
         """Continue `prompt_ids` on the episode's server; the ids exactly as vLLM sampled them."""
         return await self.remote.generate(prompt_ids, sampling)
 
-    def load_weights(self, state_dict: dict[str, Any]) -> int:
-        """Push new weights (or a LoRA adapter state) to every server; return the new version."""
-        version = self.policy_version + 1
+    def load_weights(self, state_dict: dict[str, Any], version: int | None = None) -> int:
+        """Push new weights (or a LoRA adapter state) to every server and check them on the probe;
+        return the new version (`version`, or the current one plus one)."""
+        version = self.policy_version + 1 if version is None else version
         t0 = time.perf_counter()
         if is_adapter_state(state_dict):
             self._push_adapter(state_dict, version)
@@ -116,7 +138,31 @@ class VllmEngine:
                     old.unlink(missing_ok=True)
         self.policy_version = version
         self._push_seconds += time.perf_counter() - t0
+        if self.probe is not None:
+            self.check_probe(version)
         return version
+
+    def check_probe(self, version: int) -> float:
+        """After a push: every server labels its weights `version` and scores the probe within
+        probe_tolerance of the trainer (one-line EngineError otherwise); returns the largest gap."""
+        assert self.probe is not None, "check_probe needs the probe the run gave"
+        mine = self.probe(self.probe_ids)
+        worst = 0.0
+        for control in self.controls:
+            label = control.weight_version()
+            if label != str(version):
+                raise EngineError(f"vLLM server {control.url} reports weights version {label!r} after the push of "
+                                  f"version {version}: another client changed its weights")
+            served = control.score(self.probe_ids, self.remote.wire.model)
+            gap = max(abs(a - b) for a, b in zip(served, mine))
+            if not gap <= self.probe_tolerance:  # NaN fails too
+                raise EngineError(f"vLLM server {control.url} scores the probe up to {gap:.3g} nats away from the "
+                                  f"trainer after the push of version {version}, beyond engine.vllm.probe_tolerance="
+                                  f"{self.probe_tolerance:g} (weights that did not arrive, or another model or dtype "
+                                  "served); raise the tolerance only for a known numeric difference")
+            worst = max(worst, gap)
+        self._probe_diff = worst
+        return worst
 
     def _push_adapter(self, state: dict[str, Any], version: int) -> None:
         """Write the adapter as a peft folder, load it everywhere as `policy-vN`, forget the oldest."""
@@ -155,6 +201,9 @@ class VllmEngine:
         out = self.remote.pop_metrics()
         out["perf/remote_weight_push_seconds"] = self._push_seconds
         self._push_seconds = 0.0
+        if self._probe_diff is not None:
+            out["policy/engine_probe_diff"] = self._probe_diff
+            self._probe_diff = None
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ What the command line holds and why:
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import secrets
@@ -28,8 +29,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -42,6 +46,19 @@ EXTENSION = "agentrl.llm.vllm.transfer.WorkerExtension"
 WEIGHTS_DIR_ENV = "AGENTRL_VLLM_WEIGHTS_DIR"
 MODULE = "vllm.entrypoints.openai.api_server"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM accepts
+# The server's first process asks Linux for SIGTERM when the thread that started it ends (a run
+# killed with SIGKILL runs no `finally`), checks its parent is still the one that started it, then
+# becomes vLLM's API server (the request survives exec). Elsewhere than Linux it just execs.
+BOOT = ("import ctypes, os, signal, sys\n"
+        "try:\n    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"  # PR_SET_PDEATHSIG
+        "except (AttributeError, OSError):\n    pass\n"
+        "if os.getppid() != int(sys.argv[1]):\n    sys.exit('agentrl, which started this vLLM server, is gone')\n"
+        "os.execv(sys.executable, [sys.executable, '-m', *sys.argv[2:]])\n")
+# Servers are started from this one thread, which lives as long as the process: the parent-death
+# signal follows the starting *thread*, and a run may restart a server from a thread that ends.
+_SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="agentrl-vllm-spawn")
+_STARTED: weakref.WeakSet[VllmServer] = weakref.WeakSet()
+_STARTED_LOCK = threading.Lock()
 
 
 def vllm_python(configured: str | None = None) -> tuple[str, str]:
@@ -102,14 +119,14 @@ class VllmServer:
     def __init__(self, model: str | Path, workdir: str | Path, *, python: str | None = None, args: Sequence[str] = (),
                  host: str = "127.0.0.1", port: int | None = None, api_key: str | None = None,
                  dtype: str = "float32", max_model_len: int | None = None, lora_rank: int = 0,
-                 seed: int = 0, env: dict[str, str] | None = None) -> None:
+                 seed: int = 0, env: dict[str, str] | None = None, weights_dir: str | Path | None = None) -> None:
         self.model = str(model)
         self.workdir = Path(workdir)
         self.python = python or vllm_python()[0]
         self.host = host
         self.port = port or free_port(host)
         self.api_key = api_key or secrets.token_urlsafe(24)
-        self.weights_dir = self.workdir / "vllm-weights"
+        self.weights_dir = Path(weights_dir).expanduser() if weights_dir else self.workdir / "vllm-weights"
         self.log_path = self.workdir / f"vllm-{self.port}.log"
         self.args = list(args)
         self.dtype, self.max_model_len, self.lora_rank, self.seed = dtype, max_model_len, lora_rank, seed
@@ -124,7 +141,7 @@ class VllmServer:
     def command(self) -> list[str]:
         """The server's command line."""
         # `--api-key=KEY` as one argument: a random key may start with "-", which argparse takes for an option
-        cmd = [self.python, "-m", MODULE, "--model", self.model, "--host", self.host, "--port", str(self.port),
+        cmd = [self.python, "-c", BOOT, str(os.getpid()), MODULE, "--model", self.model, "--host", self.host, "--port", str(self.port),
                f"--api-key={self.api_key}", "--dtype", self.dtype, "--seed", str(self.seed), "--enable-scale-out",
                "--logprobs-mode", "processed_logprobs", "--weight-transfer-config", json.dumps({"backend": TRANSPORT}),
                "--worker-extension-cls", EXTENSION]
@@ -157,11 +174,14 @@ class VllmServer:
         env = self.environment()
         with open(self.log_path, "ab") as log:
             try:
-                self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+                self.process = _SPAWNER.submit(subprocess.Popen, self.command(), stdout=log,
+                                               stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
+                                               start_new_session=True).result()
             except OSError as e:
                 raise EngineError(f"could not start the vLLM server with {self.python!r} ({e}); "
                                   "engine.vllm.python must be the interpreter of an environment with vLLM") from None
+        with _STARTED_LOCK:
+            _STARTED.add(self)
 
     def wait_ready(self, timeout: float) -> None:
         """Return once /health answers 200; else stop the server and fail in one line naming the log."""
@@ -214,3 +234,13 @@ class VllmServer:
             return "no log"
         errors = [ln for ln in lines if "Error" in ln or "error" in ln]
         return ((errors or lines or ["empty log"])[-1])[:300]
+
+
+@atexit.register
+def _stop_started() -> None:
+    """At exit, stop every server still running that this process started (a run whose `finally`
+    did not reach it, e.g. a build that failed after the servers came up)."""
+    with _STARTED_LOCK:
+        servers = list(_STARTED)
+    for server in servers:
+        server.stop()
