@@ -143,18 +143,35 @@ def test_a_reply_in_flight_across_a_sync_holds_ids_of_both_versions(served):
     # min_tokens keeps the reply going long after the push (EOS cannot end it early)
     body = {"token_ids": PROMPT, "stream": True, "sampling_params": {
         "max_tokens": 900, "min_tokens": 900, "seed": 4, "logprobs": 0, "detokenize": False}}
-    ids, spans = [], None
+    new = perturbed(model, seed=6)
+    ids, logprobs, spans = [], [], None
     with control.http.stream("POST", control.url + "/inference/v1/generate", json=body) as resp:
         lines = (line for line in resp.iter_lines() if line.startswith("data: ") and line != "data: [DONE]")
         for n, line in enumerate(lines):
             choice = httpx.Response(200, content=line[6:]).json()["choices"][0]
             ids += choice.get("token_ids") or []
+            logprobs += [c["logprob"] for c in (choice.get("logprobs") or {}).get("content") or []]
             spans = choice.get("weight_versions") or spans
             if n == 0:  # ids of the old version exist: sync now (pause keep, push, resume)
-                after = engine.load_weights(perturbed(model, seed=6).state_dict())
+                after = engine.load_weights(new.state_dict())
     versions = span_versions(spans, len(ids))
-    assert len(ids) == 900 and versions[0] == before and versions[-1] == after
+    assert len(ids) == len(logprobs) == 900 and versions[0] == before and versions[-1] == after
     assert sorted(set(versions)) == [before, after] and versions == sorted(versions)
+    # ... and it trains: the decoupled loss weighs the old version's ids by pi_prox / pi_behaviour
+    from agentrl.config import ActorConfig
+    from agentrl.trajectory import Trajectory
+    from agentrl.train.actor import Actor
+    from agentrl.train.batch import pack
+
+    n = len(PROMPT)
+    reply = Trajectory(PROMPT + ids, [0] * n + [1] * len(ids), [0.0] * n + logprobs, [-1] * n + versions, [1.0],
+                       [n + len(ids) - 1], group_id=0, env_seed=0)
+    actor = Actor(new, ActorConfig(ppo_mini_batch_size=1, micro_batch_size=1, use_decoupled_loss=True), temperature=1.0)
+    batch = pack([reply], pad_token_id=0)
+    batch.old_logprobs = actor.compute_logprobs(batch)
+    batch.advantages = torch.ones_like(batch.loss_mask)
+    stats = actor.update(batch)
+    assert stats["policy/grad_norm"] > 0 and stats["loss/policy"] == stats["loss/policy"]
 
 
 @needs_vllm
