@@ -2,6 +2,8 @@
 vLLM cannot report as the trainer does, each refused in one line naming the field, before any
 model is built or any server started."""
 
+import json
+
 import pytest
 
 from agentrl.config import load_config
@@ -33,3 +35,25 @@ def test_bad_vllm_settings_fail_in_one_line(overrides, says):
 def test_the_default_config_takes_engine_kind_vllm():
     cfg = load_config("configs/frozen_lake.yaml", ["engine.kind=vllm", "engine.vllm.args=[--enforce-eager]"])
     assert cfg.engine.vllm.args == ["--enforce-eager"] and cfg.engine.vllm.probe_tolerance == 1e-3
+
+
+def test_agentrl_plan_describes_the_vllm_servers_and_checks_the_interpreter(tmp_path, capsys):
+    from agentrl.cli import main
+
+    # An "interpreter" that has vLLM as far as the preflight can tell (agentrl plan starts no server)
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\ncase "$2" in *find_spec*) exit 0;; esac\nexit 1\n')
+    python.chmod(0o755)
+    args = ["plan", "configs/frozen_lake.yaml", "engine.kind=vllm", f"engine.vllm.python={python}",
+            "engine.vllm.args=[--enforce-eager]", "rollout.max_staleness=1", f"run_dir={tmp_path / 'run'}"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert (f"vllm, 1 server(s) started by the run on loopback with {python} (engine.vllm.python), ready within "
+            "900 s; server args --enforce-eager") in text
+    assert "each sync: pause (keep), weights from " in text and "then the probe within 0.001 nats" in text
+    assert "vLLM's interpreter" in text.splitlines()[-1]
+    assert main([*args, "--json"]) == 0
+    vllm = json.loads(capsys.readouterr().out)["engine"]["vllm"]
+    assert vllm["python"] == str(python) and vllm["pause_mode"] == "keep" and vllm["probe_tolerance"] == 1e-3
+    assert not (tmp_path / "run").exists()  # agentrl plan makes nothing
+

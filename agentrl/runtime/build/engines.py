@@ -38,8 +38,10 @@ def check_serving(cfg: Config) -> None:
         for i, url in enumerate(e.urls):
             why = check_server(url, e.protocol if e.kind == "remote" else "vllm", engine_key(cfg))
             if why is not None:
-                hint = "" if why.startswith("refused the") else ("; start the server first (e.g. `agentrl serve CONFIG "
-                                                "serve.port=PORT`) or fix engine.urls")
+                hint = "" if why.startswith("refused the") else (
+                    "; start the server first (e.g. `agentrl serve CONFIG serve.port=PORT`) or fix engine.urls"
+                    if e.kind == "remote" else "; start the vLLM server first, with agentrl's weight transport "
+                    "(docs/engines.md), or fix engine.urls")
                 raise ConfigError(f"engine.urls[{i}]={url} {why}{hint}")
     for tag in cfg.env_definitions():
         agent = cfg.agent_for(tag)
