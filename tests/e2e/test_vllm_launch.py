@@ -1,6 +1,7 @@
-"""engine.kind=vllm where the run starts its own vLLM server: it trains the embedded default on it
-and stops it at the end; an interpreter without vLLM, or a server that never comes up, ends the
-run in one line (those two need no vLLM and always run)."""
+"""engine.kind=vllm where the run starts its own vLLM server: it trains the embedded default on it,
+starts it again when it is killed mid-run (the failed requests sent again), and stops it at the
+end; an interpreter without vLLM, or a server that never comes up, ends the run in one line
+(those two need no vLLM and always run)."""
 
 import os
 import subprocess
@@ -24,24 +25,32 @@ SMALL = ["model.tiny.num_hidden_layers=1", "model.tiny.vocab_size=300", "model.w
          "trainer.save_freq=0", "trainer.progress=false", "trainer.logger=[jsonl]"]
 
 
-def agentrl(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+def agentrl(*args: str, env: dict[str, str] | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+                          env={**os.environ, **(env or {})}, timeout=timeout)
 
 
 @needs_vllm
-def test_a_run_starts_its_vllm_server_trains_on_it_and_stops_it(tmp_path):
+def test_a_run_starts_its_vllm_server_restarts_it_when_killed_and_stops_it(tmp_path):
     run_dir = tmp_path / "run"
+    # the env kills the server on the first reset after the first sync: step 2's first episode
+    first_push = run_dir / "vllm" / "vllm-weights" / "policy-v1.safetensors"
     done = agentrl("train", "configs/frozen_lake.yaml", *SMALL, f"run_dir={run_dir}", f"model.cache_dir={tmp_path}",
-                   "engine.kind=vllm", f"engine.vllm.python={VLLM_PYTHON}", "engine.vllm.args=[--enforce-eager]")
+                   "engine.kind=vllm", f"engine.vllm.python={VLLM_PYTHON}", "engine.vllm.args=[--enforce-eager]",
+                   f"imports=[{ROOT / 'tests' / 'e2e' / 'vllm_kill_env.py'}]", "env.type=server_killing_lake",
+                   "runtime.restart_timeout=1800", env={"AGENTRL_TEST_KILL_AFTER": str(first_push)})
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "policy/engine_probe_diff" in r]
     assert len(rows) == 2 and all(r["policy/engine_probe_diff"] <= 1e-3 for r in rows)
-    logs = list((run_dir / "vllm").glob("vllm-*.log"))
-    assert len(logs) == 1 and (run_dir / "vllm" / "model" / "config.json").is_file()
-    port = int(logs[0].stem.split("-")[1])
-    with pytest.raises(httpx.ConnectError):  # the server is gone with the run
-        httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    assert [r["perf/vllm_restarts"] for r in rows] == [0.0, 1.0]  # restarted in step 2, which then trained
+    # its failed requests were sent again: no episode failed, all 4 trained
+    assert rows[1]["perf/vllm_replayed_requests"] >= 1 and rows[1]["rollout/errors"] == 0
+    assert rows[1]["rollout/episodes"] == 4
+    logs = sorted((run_dir / "vllm").glob("vllm-*.log"))
+    assert len(logs) == 2 and (run_dir / "vllm" / "model" / "config.json").is_file()
+    for log in logs:  # the first server died, the second stopped with the run
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{int(log.stem.split('-')[1])}/health", timeout=5)
 
 
 def test_an_interpreter_without_vllm_is_refused_before_any_model(tmp_path):

@@ -77,7 +77,7 @@ class RemoteEngine:
         if self._closed:
             raise EngineError("the engine is closed")
         if sampling.seed is None:
-            sampling = replace(sampling, seed=self._seed_rng.getrandbits(63))
+            sampling = replace(sampling, seed=self.next_seed())
         key = id(episode_key())
         version = self.policy_version
         body = self.wire.generate_body(list(prompt_ids), sampling)
@@ -112,6 +112,10 @@ class RemoteEngine:
             return completion
         raise EngineError(f"engine server {self.urls[server]} is not answering ({error}) after "
                           f"{self.max_retries + 1} tries; is the server running (`agentrl serve`)?")
+
+    def next_seed(self) -> int:
+        """The next seed of the engine's own stream (what a request without one is sent with)."""
+        return self._seed_rng.getrandbits(63)
 
     def _parse(self, resp: httpx.Response, url: str, version: int) -> Completion:
         try:

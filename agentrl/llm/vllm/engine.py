@@ -13,6 +13,11 @@
   with /v1/load_lora_adapter under the name `policy-vN`; requests sent after it use it, replies
   in flight finish with the adapter they started with, and are stamped with the version of
   their start.
+- **Restart**: a server this engine started that died (its process exited) is started again
+  on a new port (`restart_timeout` to come up, `max_restarts` times at most), given the newest
+  weights (and adapters) and version label, and the requests that failed on it are sent again:
+  same prompt, same seed, so the episode goes on token-exact. Counted in perf/vllm_restarts and
+  perf/vllm_replayed_requests.
 - **Probe**: after every push each server must report the new version label and score fixed ids
   (`probe_ids`) within `probe_tolerance` of the trainer's logprobs of them (`probe`, a function
   the run gives: the policy's own forward pass); else the push ends in one EngineError naming
@@ -21,11 +26,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +67,8 @@ class VllmEngine:
     def __init__(self, urls: list[str], weights_dir: str | Path, *, api_key: str | None = None,
                  pause_mode: str = "keep", seed: int = 0, timeout: float = 600.0, max_retries: int = 3,
                  servers: list[VllmServer] | None = None, probe: Callable[[list[int]], list[float]] | None = None,
-                 probe_ids: list[int] | None = None, probe_tolerance: float = 1e-3) -> None:
+                 probe_ids: list[int] | None = None, probe_tolerance: float = 1e-3,
+                 restart_timeout: float = 120.0, max_restarts: int = 3) -> None:
         if pause_mode not in PAUSE_MODES:
             raise EngineError(f"unknown pause mode {pause_mode!r}; known: {', '.join(PAUSE_MODES)}")
         if probe is not None and (probe_ids is None or len(probe_ids) < 2):
@@ -71,9 +80,16 @@ class VllmEngine:
         self.pause_mode = pause_mode
         self.servers = list(servers or [])
         self.probe, self.probe_ids, self.probe_tolerance = probe, list(probe_ids or []), probe_tolerance
+        self.api_key, self.timeout = api_key, timeout
+        self.restart_timeout, self.max_restarts = restart_timeout, max_restarts
         self._adapters: list[str] = []
+        self._weights_file: str | None = None  # the newest full weights pushed, what a restarted server loads
         self._push_seconds = 0.0
         self._probe_diff: float | None = None
+        self._restart_lock = threading.Lock()
+        self._restarts = [0] * len(self.servers)
+        self._epoch = 0  # restarts so far, of every server
+        self._counts = {"restarts": 0, "replayed": 0}
         for control in self.controls:
             try:
                 backend = control.transfer_backend()
@@ -119,13 +135,55 @@ class VllmEngine:
         self.remote.policy_version = value
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
-        """Continue `prompt_ids` on the episode's server; the ids exactly as vLLM sampled them."""
+        """Continue `prompt_ids` on the episode's server; the ids exactly as vLLM sampled them. A
+        request that failed because a server of ours died is sent again once it is restarted."""
+        if sampling.seed is None:  # drawn once: a replayed request samples the same ids
+            sampling = replace(sampling, seed=self.remote.next_seed())
+        epoch = self._epoch
+        try:
+            return await self.remote.generate(prompt_ids, sampling)
+        except EngineError:
+            if not self.servers or await asyncio.to_thread(self.restart_dead) == epoch:
+                raise  # no server of ours was restarted since the request went out
+        self._counts["replayed"] += 1
         return await self.remote.generate(prompt_ids, sampling)
+
+    def restart_dead(self) -> int:
+        """Start again every server of ours whose process exited, with the newest weights; returns
+        the count of restarts so far (the requests failing at once wait for one restart)."""
+        with self._restart_lock:
+            for i, server in enumerate(self.servers):
+                if server.alive():
+                    continue
+                if self._restarts[i] >= self.max_restarts:
+                    raise EngineError(f"the vLLM server {server.url} died and was restarted {self._restarts[i]} "
+                                      f"time(s) already (runtime.max_restarts); see its log {server.log_path}")
+                fresh = server.replacement()
+                fresh.start()
+                fresh.wait_ready(self.restart_timeout)
+                control = VllmControl(fresh.url, self.api_key, self.timeout)
+                self._load_current(control)
+                self.servers[i], self.controls[i] = fresh, control
+                self.remote.set_url(i, fresh.url)
+                self._restarts[i] += 1
+                self._counts["restarts"] += 1
+                self._epoch += 1
+            return self._epoch
+
+    def _load_current(self, control: VllmControl) -> None:
+        """Give a restarted server what the others serve: the newest full weights, the adapters
+        in use, the version label."""
+        if self._weights_file is not None:
+            control.sync(self._weights_file, str(self.policy_version), "wait")
+        for name in self._adapters:
+            control.load_lora(name, str((self.weights_dir / name).resolve()))
+        control.set_weight_version(str(self.policy_version))
 
     def load_weights(self, state_dict: dict[str, Any], version: int | None = None) -> int:
         """Push new weights (or a LoRA adapter state) to every server and check them on the probe;
         return the new version (`version`, or the current one plus one)."""
         version = self.policy_version + 1 if version is None else version
+        self.restart_dead()  # a server that died between two syncs gets the push too
         t0 = time.perf_counter()
         if is_adapter_state(state_dict):
             self._push_adapter(state_dict, version)
@@ -133,6 +191,7 @@ class VllmEngine:
             path = save_file_atomic(state_dict, self.weights_dir / f"policy-v{version}.safetensors")
             for control in self.controls:
                 control.sync(path.name, str(version), self.pause_mode)
+            self._weights_file = path.name
             for old in self.weights_dir.glob("policy-v*.safetensors"):
                 if old != path:
                     old.unlink(missing_ok=True)
@@ -204,6 +263,10 @@ class VllmEngine:
         if self._probe_diff is not None:
             out["policy/engine_probe_diff"] = self._probe_diff
             self._probe_diff = None
+        if self.servers:
+            out["perf/vllm_restarts"] = float(self._counts["restarts"])
+            out["perf/vllm_replayed_requests"] = float(self._counts["replayed"])
+            self._counts = {"restarts": 0, "replayed": 0}
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ What the command line holds and why:
 from __future__ import annotations
 
 import atexit
+import copy
 import json
 import os
 import secrets
@@ -201,6 +202,14 @@ class VllmServer:
                 raise EngineError(f"the vLLM server did not answer /health within {timeout:.0f} s "
                                   f"(stopped); see its log {self.log_path}")
             time.sleep(1.0)
+
+    def replacement(self) -> VllmServer:
+        """A server like this one, not started, on a new free port (what a dead one is restarted as)."""
+        fresh = copy.copy(self)
+        fresh.port = free_port(self.host)
+        fresh.log_path = self.workdir / f"vllm-{fresh.port}.log"
+        fresh.process = None
+        return fresh
 
     def alive(self) -> bool:
         """Whether the process still runs."""

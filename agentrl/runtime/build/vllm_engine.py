@@ -43,7 +43,8 @@ def vllm_engine(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> VllmEngi
     common: dict[str, Any] = {
         "pause_mode": run_plan.vllm_pause_mode, "seed": run_plan.seed,
         "timeout": e.request_timeout, "max_retries": e.max_retries, "probe": lambda ids: policy_logprobs(model, ids),
-        "probe_ids": probe_ids(tokenizer), "probe_tolerance": v.probe_tolerance}
+        "probe_ids": probe_ids(tokenizer), "probe_tolerance": v.probe_tolerance,
+        "restart_timeout": run_plan.runtime.restart_timeout, "max_restarts": run_plan.runtime.max_restarts}
     if e.urls:
         served = VllmEngine(e.urls, Path(e.weights_dir).expanduser(), api_key=run_plan.engine_key, **common)
     else:
