@@ -9,6 +9,8 @@ import asyncio
 import copy
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -38,7 +40,8 @@ def served(tmp_path_factory, tiny_tokenizer):
     model = build_model(TinyModelConfig(), tiny_tokenizer, seed=0).eval()  # head size 32, as the embedded default
     folder = save_pretrained(model, tiny_tokenizer, tmp_path_factory.mktemp("vllm-model") / "model")
     engine = VllmEngine.launch(folder, tmp_path_factory.mktemp("vllm-run"), python=VLLM_PYTHON, lora_rank=8,
-                               max_model_len=1024, args=["--enforce-eager"], start_timeout=1800)
+                               max_model_len=1024, args=["--enforce-eager", "--enable-log-requests"],
+                               start_timeout=1800)
     try:
         yield engine, model
     finally:
@@ -78,6 +81,35 @@ def test_ids_come_back_with_the_trainers_logprobs(served, temperature):
     mine = trainer_logprobs(model, PROMPT + first.token_ids, temperature)[len(PROMPT) - 1:]
     assert max(abs(a - b) for a, b in zip(first.logprobs, mine)) < 1e-4
     assert first.versions == [engine.policy_version] * 24
+
+
+@needs_vllm
+def test_seeded_prompts_beyond_one_prefill_pass_are_served_without_killing_the_engine(served):
+    # 20 seeded prompts of 151 ids queued while paused: 3020 ids, more than one prefill pass takes
+    # (2048). vLLM's CPU build chunks the one that does not fit and dies on its seeded generator
+    # ("CPU Generator does not use offset") unless chunked prefill is off (VllmEngine.launch).
+    engine, _ = served
+    control, log = engine.controls[0], engine.servers[0].log_path
+    before = log.read_text(errors="replace").count("Received request")
+    prompts = [[1] + [10 + (i + k) % 200 for k in range(150)] for i in range(20)]
+    results = {}
+
+    def play():
+        async def all_of_them():
+            return await asyncio.gather(*(engine.generate(p, SamplingParams(max_new_tokens=4, seed=i))
+                                          for i, p in enumerate(prompts)))
+        results["out"] = asyncio.run(all_of_them())
+
+    control.pause("keep")
+    thread = threading.Thread(target=play)
+    thread.start()
+    while log.read_text(errors="replace").count("Received request") < before + 20:  # all queued
+        assert thread.is_alive(), "the requests ended before the server resumed"
+        time.sleep(0.2)
+    control.resume()
+    thread.join()
+    assert [len(o.token_ids) for o in results["out"]] == [4] * 20
+    assert engine.pop_metrics()["perf/vllm_restarts"] == 0  # the server lived: none was restarted
 
 
 @needs_vllm

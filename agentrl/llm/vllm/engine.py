@@ -41,9 +41,10 @@ from agentrl.errors import EngineError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.remote.engine import RemoteEngine
 from agentrl.llm.vllm.control import PAUSE_MODES, VllmControl
-from agentrl.llm.vllm.launch import EXTENSION, TRANSPORT, VllmServer
+from agentrl.llm.vllm.launch import CPU_BUILD_ARGS, EXTENSION, TRANSPORT, VllmServer, cpu_build, vllm_python
 from agentrl.llm.weights import save_file_atomic
 from agentrl.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_state
+from agentrl.tokenizer import Tokenizer
 
 KEEP_ADAPTERS = 2  # adapters loaded at once (vLLM's --max-loras): the newest and the one before, for replies in flight
 # The probe's text: words, digits, tags and punctuation, so that it crosses common and rare ids alike
@@ -52,7 +53,7 @@ PROBE_TEXT = ("The agent reads the board and answers: <answer>Left</answer>. Row
 PROBE_MAX_IDS = 64
 
 
-def probe_ids(tokenizer: Any) -> list[int]:
+def probe_ids(tokenizer: Tokenizer) -> list[int]:
     """The fixed ids every server scores after a push: PROBE_TEXT's, at most PROBE_MAX_IDS."""
     ids = list(tokenizer.encode(PROBE_TEXT, add_special_tokens=False))[:PROBE_MAX_IDS]
     if len(ids) < 2:
@@ -111,6 +112,8 @@ class VllmEngine:
         that stops them at close()."""
         servers: list[VllmServer] = []
         key = secrets.token_urlsafe(24)  # one key for all: the client sends one
+        python = python or vllm_python()[0]
+        args = [*(CPU_BUILD_ARGS if cpu_build(python) else ()), *args]  # the user's come last and win
         try:
             for _ in range(replicas):
                 server = VllmServer(model, workdir, python=python, args=args, api_key=key, lora_rank=lora_rank,

