@@ -65,9 +65,10 @@ def test_an_interpreter_without_vllm_is_refused_before_any_model(tmp_path):
 
 
 def test_a_server_that_never_comes_up_ends_the_run_in_one_line_naming_its_log(tmp_path):
-    # An "interpreter" that has vLLM as far as the preflight can tell, and then never answers
+    # An "interpreter" whose server (-c BOOT PID MODULE ...) never answers, and that answers every
+    # other question (has it a vllm module? a CPU build?) as if it had vLLM
     silent = tmp_path / "python"
-    silent.write_text('#!/bin/sh\ncase "$2" in *find_spec*) exit 0;; esac\nexec sleep 600\n')
+    silent.write_text('#!/bin/sh\n[ "$4" = vllm.entrypoints.openai.api_server ] && exec sleep 600\nexit 0\n')
     silent.chmod(0o755)
     run_dir = tmp_path / "run"
     done = agentrl("train", "configs/frozen_lake.yaml", *SMALL, f"run_dir={run_dir}", f"model.cache_dir={tmp_path}",
