@@ -172,7 +172,9 @@ def test_a_reply_in_flight_across_a_sync_holds_ids_of_both_versions(served):
     engine, model = served
     before = engine.policy_version
     control = engine.controls[0]
-    # min_tokens keeps the reply going long after the push (EOS cannot end it early)
+    # min_tokens keeps the reply going long after the push (EOS cannot end it early). What this
+    # leaves to timing: one HTTP round trip (the pause) against the 899 ids still to sample; vLLM
+    # has no hook to hold a request at a given id.
     body = {"token_ids": PROMPT, "stream": True, "sampling_params": {
         "max_tokens": 900, "min_tokens": 900, "seed": 4, "logprobs": 0, "detokenize": False}}
     new = perturbed(model, seed=6)
@@ -184,8 +186,9 @@ def test_a_reply_in_flight_across_a_sync_holds_ids_of_both_versions(served):
             ids += choice.get("token_ids") or []
             logprobs += [c["logprob"] for c in (choice.get("logprobs") or {}).get("content") or []]
             spans = choice.get("weight_versions") or spans
-            if n == 0:  # ids of the old version exist: sync now (pause keep, push, resume)
-                after = engine.load_weights(new.state_dict())
+            if n == 0:  # ids of the old version exist: freeze the reply at once (one round trip), then
+                control.pause("keep")  # sync (writing the weights file may take seconds on a busy disk)
+                after = engine.load_weights(new.state_dict())  # pause keep, push, resume
     versions = span_versions(spans, len(ids))
     assert len(ids) == len(logprobs) == 900 and versions[0] == before and versions[-1] == after
     assert sorted(set(versions)) == [before, after] and versions == sorted(versions)
