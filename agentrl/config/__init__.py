@@ -16,7 +16,7 @@ The names below are the config's public API (`from agentrl.config import Config,
 from agentrl.config.algo import (ActorConfig, AlgorithmConfig, CriticConfig, FilterGroupsConfig, KLControlConfig,
                                  PolicyLossConfig)
 from agentrl.config.checks import BUILTIN_POLICY_LOSSES, validate
-from agentrl.config.engine import EngineConfig
+from agentrl.config.engine import EngineConfig, VllmConfig
 from agentrl.config.loading import all_keys, field_docs, load_config, resolve, save_config, to_dict
 from agentrl.config.model import LoraConfig, ModelConfig, TinyModelConfig, WarmStartConfig
 from agentrl.config.runtime import RoleConfig, RuntimeConfig
@@ -28,5 +28,5 @@ from agentrl.health import HealthConfig  # the health section's class lives besi
 __all__ = ["ActorConfig", "AgentConfig", "AlgorithmConfig", "BUILTIN_POLICY_LOSSES", "Config", "CriticConfig",
            "CustomEnvConfig", "EngineConfig", "EnvConfig", "EnvManagerConfig", "FilterGroupsConfig",
            "HealthConfig", "KLControlConfig", "LoraConfig", "ModelConfig", "PolicyLossConfig", "RoleConfig", "RolloutConfig",
-           "RuntimeConfig", "ServeConfig", "TinyModelConfig", "TrainerConfig", "WarmStartConfig", "all_keys",
+           "RuntimeConfig", "ServeConfig", "TinyModelConfig", "TrainerConfig", "VllmConfig", "WarmStartConfig", "all_keys",
            "field_docs", "load_config", "resolve", "save_config", "to_dict", "validate"]

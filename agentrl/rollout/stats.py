@@ -83,3 +83,16 @@ def truncation_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """`rollout/truncated_<reason>`: the fraction of episodes that ended for each reason."""
     reasons = [t.truncation_reason for t in episodes(trajs)]
     return {f"rollout/truncated_{r}": _mean([float(x == r) for x in reasons]) for r in TRUNCATION_REASONS}
+
+
+def partial_replies(traj: Trajectory) -> int:
+    """Replies of `traj` whose ids were sampled under more than one policy version: a weight
+    update landed while they were generated (partial rollout, rollout.max_staleness >= 1)."""
+    count, seen = 0, set()
+    for version, generated in zip([*traj.versions, None], [*traj.loss_mask, 0]):
+        if generated:
+            seen.add(version)
+        elif seen:  # a reply's run of generated ids ends here
+            count += len(seen) > 1
+            seen = set()
+    return count

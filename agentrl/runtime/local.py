@@ -82,7 +82,11 @@ def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: To
         with ray_trainer(cfg, run_dir, log, tokenizer, run_plan) as run:
             yield run
     else:
-        yield build_trainer(cfg, run_dir, log, tokenizer, run_plan)
+        trainer = build_trainer(cfg, run_dir, log, tokenizer, run_plan)
+        try:
+            yield trainer
+        finally:  # the run is over, or died: what its engine started stops (vLLM servers)
+            trainer.rollout.shutdown()
 
 
 def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Tokenizer | None = None,
@@ -108,8 +112,11 @@ def evaluate_checkpoint(run_dir: Path, overrides: list[str], log: Callable[[str]
         adapter = is_adapter_folder(held)  # LoRA: the run's own base model, the checkpoint's adapter
         cfg = load_config(run_dir / "config.yaml", [*overrides, *([] if adapter else [f"model.path={held}"])])
         trainer = build_trainer(cfg, run_dir, log=log)
-        if adapter:
-            trainer.actor.load_weights(weights)
-            trainer.sync()
-        trainer.step_idx = int(state["step"])  # samples.jsonl rows carry the checkpoint's step
-        return ckpt, trainer.evaluate()
+        try:
+            if adapter:
+                trainer.actor.load_weights(weights)
+                trainer.sync()
+            trainer.step_idx = int(state["step"])  # samples.jsonl rows carry the checkpoint's step
+            return ckpt, trainer.evaluate()
+        finally:
+            trainer.rollout.shutdown()

@@ -53,7 +53,7 @@ def plan(cfg: Config, tokenizer: Tokenizer | None = None) -> RunPlan:
         update_horizon=horizon, model_context=context, model_context_source=source, reference=reference,
         cache_dir=str(cache_root(cfg)),
         warm_start_cache=None if cfg.model.path else str(cache_root(cfg) / f"tiny-{tiny_cache_key(cfg, tokenizer)}"),
-        engine_key=engine_key(cfg) if cfg.engine.kind == "remote" else None, placement=placement,
+        engine_key=engine_key(cfg) if cfg.engine.kind != "local" else None, placement=placement,
         placement_summary=placement_summary(rt) if placement is not None else None)
 
 

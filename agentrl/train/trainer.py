@@ -34,7 +34,8 @@ from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, check_failed
 from agentrl.rollout.filters import informative_groups, top_variance_groups, without_truncated
 from agentrl.rollout.source import RolloutSource
-from agentrl.rollout.stats import by_tag, episode_stats, episodes, per_episode, tag_metrics, truncation_metrics
+from agentrl.rollout.stats import (by_tag, episode_stats, episodes, partial_replies, per_episode, tag_metrics,
+                                   truncation_metrics)
 from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Trajectory
 from agentrl.train.batch import Batch, pack
@@ -367,6 +368,7 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
         "rollout/response_tokens": per_episode(trajs, lambda t: t.num_generated),
         "rollout/sequence_tokens": _mean([len(t.token_ids) for t in trajs]),
         "rollout/episodes": float(len(eps)),
+        "rollout/partial_replies": float(sum(partial_replies(t) for t in trajs)),
         **truncation_metrics(trajs),
         "policy/logprob_diff_mean": float(masked_mean(diff, mask)),
         "policy/logprob_diff_max": float(diff.max()),

@@ -1,6 +1,6 @@
 """Per-tag episode summaries: env-specific per-episode metrics become env/<tag>/ and eval/<tag>/ means."""
 
-from agentrl.rollout.stats import episode_stats, tag_metrics
+from agentrl.rollout.stats import episode_stats, partial_replies, tag_metrics
 from agentrl.trajectory import Trajectory
 
 
@@ -27,3 +27,14 @@ def test_tag_metrics_keep_each_tags_episodes_apart():
     out = tag_metrics(trajs, "eval")
     assert out["eval/lake/success"] == 0.5 and out["eval/lake/episodes"] == 2.0
     assert out["eval/math/success"] == 0.0 and out["eval/math/return"] == 0.0
+
+
+def test_a_reply_sampled_under_two_versions_counts_as_partial():
+    # prompt, reply of versions 3 then 4 (a weight update landed mid-reply), observation, a reply of version 4
+    t = Trajectory([1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 1, 1, 0, 0, 1, 1], [0.0] * 8, [-1, 3, 3, 4, -1, -1, 4, 4],
+                   [0.0, 1.0], [3, 7], 0, 0)
+    assert partial_replies(t) == 1
+    t.versions = [-1, 4, 4, 4, -1, -1, 4, 5]  # the last reply spans the update and ends the sequence
+    assert partial_replies(t) == 1
+    t.versions = [-1, 4, 4, 4, -1, -1, 5, 5]  # versions differ between replies only: none is partial
+    assert partial_replies(t) == 0

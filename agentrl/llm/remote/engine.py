@@ -77,7 +77,7 @@ class RemoteEngine:
         if self._closed:
             raise EngineError("the engine is closed")
         if sampling.seed is None:
-            sampling = replace(sampling, seed=self._seed_rng.getrandbits(63))
+            sampling = replace(sampling, seed=self.next_seed())
         key = id(episode_key())
         version = self.policy_version
         body = self.wire.generate_body(list(prompt_ids), sampling)
@@ -100,11 +100,11 @@ class RemoteEngine:
             finally:
                 self._inflight[server] -= 1
             if resp.status_code >= 500 or resp.status_code == 429:
-                error = f"HTTP {resp.status_code}: {_message(resp)}"
+                error = f"HTTP {resp.status_code}: {error_message(resp)}"
                 self._mark_down(server)
                 continue
             if resp.status_code >= 400:
-                raise EngineError(f"engine server {url} refused the request (HTTP {resp.status_code}): {_message(resp)}")
+                raise EngineError(f"engine server {url} refused the request (HTTP {resp.status_code}): {error_message(resp)}")
             completion = self._parse(resp, url, version)
             self._stats["requests"] += 1
             self._stats["generated"] += len(completion.token_ids)
@@ -112,6 +112,10 @@ class RemoteEngine:
             return completion
         raise EngineError(f"engine server {self.urls[server]} is not answering ({error}) after "
                           f"{self.max_retries + 1} tries; is the server running (`agentrl serve`)?")
+
+    def next_seed(self) -> int:
+        """The next seed of the engine's own stream (what a request without one is sent with)."""
+        return self._seed_rng.getrandbits(63)
 
     def _parse(self, resp: httpx.Response, url: str, version: int) -> Completion:
         try:
@@ -252,11 +256,11 @@ class RemoteEngine:
                     error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                     continue
                 if resp.status_code >= 500:
-                    error = f"HTTP {resp.status_code}: {_message(resp)}"
+                    error = f"HTTP {resp.status_code}: {error_message(resp)}"
                     continue
                 if check and resp.status_code >= 400:
                     raise EngineError(f"engine server {url} refused {path.split('?')[0]} (HTTP {resp.status_code}): "
-                                      f"{_message(resp)}")
+                                      f"{error_message(resp)}")
                 try:
                     return resp.status_code, resp.json()
                 except ValueError:
@@ -277,7 +281,7 @@ def nodelay_transport() -> httpx.HTTPTransport:
     return httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
 
 
-def _message(resp: httpx.Response) -> str:
+def error_message(resp: httpx.Response) -> str:
     """The one-line message of an error response (OpenAI-style body, else its text)."""
     try:
         data = resp.json()
@@ -312,7 +316,7 @@ def check_server(url: str, protocol: str, api_key: str | None = None, timeout: f
     if resp.status_code == 401:
         return f"refused the API key ({KEY_HINT})"
     if resp.status_code >= 400:
-        return f"answered {wire.health} with HTTP {resp.status_code}: {_message(resp)}"
+        return f"answered {wire.health} with HTTP {resp.status_code}: {error_message(resp)}"
     if info is not None:
         if info.status_code == 401:
             return f"refused the API key ({KEY_HINT})"

@@ -24,18 +24,24 @@ from agentrl.llm.remote.engine import RemoteEngine, check_server, server_info
 from agentrl.models.embedded import fingerprint
 from agentrl.models.loading import DTYPES
 from agentrl.runtime.build.plan_types import RunPlan
+from agentrl.runtime.build.vllm_engine import check_vllm_python, vllm_engine
 from agentrl.tokenizer import Tokenizer
 
 
 def check_serving(cfg: Config) -> None:
-    """Remote servers answer; OpenAI-client agents' entries are usable (one line each)."""
+    """Remote servers answer, or vLLM's interpreter can start them; OpenAI-client agents' entries
+    are usable (one line each)."""
     e = cfg.engine
-    if e.kind == "remote":
+    if e.kind == "vllm" and not e.urls:
+        check_vllm_python(e.vllm.python)
+    if e.kind in ("remote", "vllm"):
         for i, url in enumerate(e.urls):
-            why = check_server(url, e.protocol, engine_key(cfg))
+            why = check_server(url, e.protocol if e.kind == "remote" else "vllm", engine_key(cfg))
             if why is not None:
-                hint = "" if why.startswith("refused the") else ("; start the server first (e.g. `agentrl serve CONFIG "
-                                                "serve.port=PORT`) or fix engine.urls")
+                hint = "" if why.startswith("refused the") else (
+                    "; start the server first (e.g. `agentrl serve CONFIG serve.port=PORT`) or fix engine.urls"
+                    if e.kind == "remote" else "; start the vLLM server first, with agentrl's weight transport "
+                    "(docs/engines.md), or fix engine.urls")
                 raise ConfigError(f"engine.urls[{i}]={url} {why}{hint}")
     for tag in cfg.env_definitions():
         agent = cfg.agent_for(tag)
@@ -64,11 +70,13 @@ def engine_key(cfg: Config) -> str | None:
 
 
 def make_engine(run_plan: RunPlan, model: Any, tokenizer: Tokenizer, device: torch.device) -> Any:
-    """The run's engine: a copy of `model` in this process, or the servers of engine.urls."""
+    """The run's engine: a copy of `model` in this process, the servers of engine.urls, or vLLM's."""
     e = run_plan.engine
     if e.kind == "local":
         engine_model = copy.deepcopy(model).to(device=device, dtype=DTYPES[run_plan.model.dtype])
         return LocalEngine.from_config(engine_model, tokenizer, e, run_plan.rollout.max_model_len, seed=run_plan.seed)
+    if e.kind == "vllm":
+        return vllm_engine(run_plan, model, tokenizer)
     key = run_plan.engine_key
     if e.protocol == "agentrl":
         ours = fingerprint(tokenizer)

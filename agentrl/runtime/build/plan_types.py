@@ -13,6 +13,7 @@ from typing import Any
 from agentrl.agents.seed_data import SeedRow
 from agentrl.config import (ActorConfig, CriticConfig, EngineConfig, ModelConfig, RolloutConfig, RuntimeConfig,
                             TrainerConfig)
+from agentrl.llm.vllm.launch import vllm_python
 from agentrl.runtime.build.placement import HEAD, Plan
 
 PLAN_NAME = "plan.json"  # beside config.yaml in the run folder
@@ -121,6 +122,22 @@ class RunPlan:
         """Groups of a training step."""
         return len(self.train_groups)
 
+    @property
+    def vllm_pause_mode(self) -> str:
+        """How vLLM servers pause for a weight push (engine.kind=vllm): on-policy nothing is in
+        flight (`wait`); streamed, replies in flight continue under the new weights (`keep`)."""
+        return "keep" if self.max_staleness else "wait"
+
+    def _vllm(self) -> dict[str, Any]:
+        """engine.kind=vllm as this run would start or attach to the servers."""
+        e, v = self.engine, self.engine.vllm
+        python, source = vllm_python(v.python)
+        return {"servers": "attached: engine.urls" if e.urls else f"{v.replicas} started by the run",
+                "python": None if e.urls else python, "python_source": None if e.urls else source,
+                "args": list(v.args), "startup_timeout": v.startup_timeout, "probe_tolerance": v.probe_tolerance,
+                "pause_mode": self.vllm_pause_mode,
+                "weights_dir": e.weights_dir or (None if e.urls else f"{self.run_dir}/vllm/vllm-weights")}
+
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain JSON data (env factories and other callables left out)."""
         m, r, e = self.model, self.rollout, self.engine
@@ -144,7 +161,8 @@ class RunPlan:
             "schedule": {"total_steps": self.trainer.total_steps, "test_freq": self.trainer.test_freq,
                          "save_freq": self.trainer.save_freq},
             "imports": list(self.imports),
-            "engine": {"kind": e.kind, "urls": list(e.urls), "protocol": e.protocol if e.kind == "remote" else ""},
+            "engine": {"kind": e.kind, "urls": list(e.urls), "protocol": e.protocol if e.kind == "remote" else "",
+                       **({"vllm": self._vllm()} if e.kind == "vllm" else {})},
             "runtime": {"kind": self.runtime.kind, "num_threads": self.runtime.num_threads,
                         "placement": _placement_dict(self.placement, self.placement_summary)},
         }
@@ -183,8 +201,17 @@ class RunPlan:
                          f"{'a' if self.reference else 'no'} reference, {'a' if self.critic.enable else 'no'} critic")
         add("schedule", f"{s.total_steps} steps, evaluate every {s.test_freq or '-'}, "
                         f"save every {s.save_freq or '-'} (and at the end)")
-        add("engine", "local (a copy of the policy in the trainer's process)" if e.kind == "local" else
-            f"remote, {len(e.urls)} server(s) ({e.protocol}): {', '.join(e.urls)}")
+        if e.kind == "vllm":
+            v = self._vllm()
+            where = (f"attached to {len(e.urls)} server(s): {', '.join(e.urls)}" if e.urls else
+                     f"{e.vllm.replicas} server(s) started by the run on loopback with {v['python']} "
+                     f"({v['python_source']}), ready within {e.vllm.startup_timeout:g} s")
+            add("engine", f"vllm, {where}" + (f"; server args {' '.join(e.vllm.args)}" if e.vllm.args else ""))
+            add("", f"each sync: pause ({v['pause_mode']}), weights from {v['weights_dir']}, version label, resume; "
+                    f"then the probe within {e.vllm.probe_tolerance:g} nats of the trainer")
+        else:
+            add("engine", "local (a copy of the policy in the trainer's process)" if e.kind == "local" else
+                f"remote, {len(e.urls)} server(s) ({e.protocol}): {', '.join(e.urls)}")
         add("runtime", f"{self.runtime.kind}, {self.runtime.num_threads} torch thread(s) a process, device {self.device}")
         if self.placement is not None:
             place = _placement_dict(self.placement, self.placement_summary)
@@ -194,7 +221,8 @@ class RunPlan:
                     "(checked against the cluster when it starts)")
         checks = [*(["imports"] if self.imports else []), "estimator", "loss mode", "context limits",
                   *(["LoRA targets"] if m.lora.rank else []), f"{len(self.tags)} env(s) built",
-                  f"{len(self.tags)} agent(s) built", *(["engine servers answer"] if e.urls else [])]
+                  f"{len(self.tags)} agent(s) built", *(["engine servers answer"] if e.urls else []),
+                  *(["vLLM's interpreter"] if e.kind == "vllm" and not e.urls else [])]
         add("checks", "passed: " + ", ".join(checks))
         return "\n".join(lines)
 

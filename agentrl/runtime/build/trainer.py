@@ -59,5 +59,9 @@ def build_parts(run_plan: RunPlan, log: Callable[[str], None] = print, tokenizer
     model.to(device)
     seed_everything(run_plan.seed)
     rollout = build_rollout(run_plan, model, tokenizer, device)
-    actor, reference, critic = build_learners(run_plan, model, device)
+    try:
+        actor, reference, critic = build_learners(run_plan, model, device)
+    except BaseException:
+        rollout.shutdown()  # servers the engine started stop with the failed build
+        raise
     return RunParts(tokenizer, rollout, actor, reference, critic, eval_baselines(run_plan.factories))

@@ -172,6 +172,9 @@ class RaySource:
     def close(self) -> None:
         """The actors are the runtime's to stop."""
 
+    def shutdown(self) -> None:
+        """The actors are the runtime's to stop."""
+
     # ------------------------------------------------------------------ playing
     def _play(self, tasks: list[Task]) -> CollectResult:
         """Play `tasks` on the env managers; their results joined in task order."""
