@@ -167,18 +167,15 @@ def test_a_refused_weights_file_leaves_the_old_weights_serving(served):
     assert engine.probe_gap(ids, trainer_logprobs(current, ids)) < 1e-4
 
 
-@needs_vllm
-def test_a_reply_in_flight_across_a_sync_holds_ids_of_both_versions(served):
-    engine, model = served
-    before = engine.policy_version
+def _reply_across_a_sync(engine, model, seed):
+    """A 900-id streamed reply with a weight push after its first ids: (ids, logprobs, per-id
+    versions, the pushed version, the pushed model)."""
     control = engine.controls[0]
-    # min_tokens keeps the reply going long after the push (EOS cannot end it early). What this
-    # leaves to timing: one HTTP round trip (the pause) against the 899 ids still to sample; vLLM
-    # has no hook to hold a request at a given id.
+    # min_tokens keeps the reply going long after the push (EOS cannot end it early).
     body = {"token_ids": PROMPT, "stream": True, "sampling_params": {
-        "max_tokens": 900, "min_tokens": 900, "seed": 4, "logprobs": 0, "detokenize": False}}
-    new = perturbed(model, seed=6)
-    ids, logprobs, spans = [], [], None
+        "max_tokens": 900, "min_tokens": 900, "seed": seed, "logprobs": 0, "detokenize": False}}
+    new = perturbed(model, seed=6 + 10 * (seed - 4))
+    ids, logprobs, spans, after = [], [], None, None
     with control.http.stream("POST", control.url + "/inference/v1/generate", json=body) as resp:
         lines = (line for line in resp.iter_lines() if line.startswith("data: ") and line != "data: [DONE]")
         for n, line in enumerate(lines):
@@ -189,7 +186,20 @@ def test_a_reply_in_flight_across_a_sync_holds_ids_of_both_versions(served):
             if n == 0:  # ids of the old version exist: freeze the reply at once (one round trip), then
                 control.pause("keep")  # sync (writing the weights file may take seconds on a busy disk)
                 after = engine.load_weights(new.state_dict())  # pause keep, push, resume
-    versions = span_versions(spans, len(ids))
+    return ids, logprobs, span_versions(spans, len(ids)), after, new
+
+
+@needs_vllm
+def test_a_reply_in_flight_across_a_sync_holds_ids_of_both_versions(served):
+    engine, model = served
+    # What this leaves to timing: one HTTP round trip (the pause) against the 899 ids still to
+    # sample; vLLM has no hook to hold a request at a given id. A reply that finished before the
+    # pause landed (seen once on a loaded machine) is played again with another seed, at most 3 times.
+    for attempt in range(3):
+        before = engine.policy_version
+        ids, logprobs, versions, after, new = _reply_across_a_sync(engine, model, seed=4 + attempt)
+        if len(set(versions)) > 1:
+            break
     assert len(ids) == len(logprobs) == 900 and versions[0] == before and versions[-1] == after
     assert sorted(set(versions)) == [before, after] and versions == sorted(versions)
     # ... and it trains: the decoupled loss weighs the old version's ids by pi_prox / pi_behaviour
