@@ -31,14 +31,24 @@ needs_bwrap = pytest.mark.skipif(PROBLEM is not None, reason=f"bubblewrap cannot
 
 def _sandbox_processes() -> set[int]:
     """Processes a sandbox may have left: descendants of this test process, and (as root) any
-    process running under a sandbox's user id."""
+    process under a sandbox's user id that left every process tree (reparented to init). A
+    sandbox process still under another process (another test session's live sandbox: suites
+    may run side by side on one machine) is not this session's to judge."""
     mine = {p.pid for p in psutil.Process().children(recursive=True)}
     theirs = set()
     for p in psutil.process_iter(["uids"]):
         uids = p.info["uids"]
-        if uids is not None and uids.real in SANDBOX_UIDS:
+        if uids is not None and uids.real in SANDBOX_UIDS and _escaped(p):
             theirs.add(p.pid)
     return mine | theirs
+
+
+def _escaped(p: psutil.Process) -> bool:
+    """Whether every ancestor of `p` is init or a sandbox process itself (no live caller holds it)."""
+    try:
+        return all(q.pid == 1 or q.uids().real in SANDBOX_UIDS for q in p.parents())
+    except psutil.Error:  # gone meanwhile
+        return False
 
 
 @pytest.fixture
