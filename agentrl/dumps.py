@@ -3,8 +3,10 @@
 `trainer.dump_trajectories_freq=N` writes `dumps/step_<N>.json.gz` every N steps (and at the
 last one): per episode the ids exactly as trained, the loss mask, and on the generated ids the
 behaviour / proximal (trainer) / reference logprobs, advantage, return, critic value and the
-policy version that wrote each id; turn ends and rewards; group, tag and outcome. Each file also
-holds the decoded piece of every id it uses, from the run's tokenizer, for display only.
+policy version that wrote each id; turn ends and rewards; group, tag and outcome; and where the
+agent recorded them (`info["tool_spans"]`, the tool agent's), the spans of its tool calls and
+their answers. Each file also holds the decoded piece of every id it uses, from the run's
+tokenizer, for display only.
 
 Bounded: whole groups are kept, in batch order, while the step's tokens stay within
 `trainer.dump_max_tokens`; a group that would cross the bound is left out (the first one is cut
@@ -145,11 +147,26 @@ class TrajectoryDumper:
         }
         if n < len(t.token_ids):
             ep["cut_at"] = n  # the episode was longer than the step's bound
+        tools = tool_spans(t.info.get("tool_spans"), n)
+        if tools:
+            ep["tools"] = tools
         for name, rows in columns.items():
             if rows is not None:
                 values = rows[row]
                 ep[name] = _r(values[k] for k in gen)  # per generated id only: the rest carry nothing
         return ep
+
+
+def tool_spans(spans: Any, n: int) -> list[list]:
+    """The well-formed `[start, end, kind, name]` entries of an agent's `info["tool_spans"]` (kind
+    `call` or `answer`) that begin within the first `n` ids, cut at `n`: display only, so an
+    agent's odd entry is left out rather than failing the dump."""
+    out = []
+    for span in spans if isinstance(spans, list) else []:
+        if (isinstance(span, (list, tuple)) and len(span) == 4 and all(type(x) is int for x in span[:2])
+                and span[2] in ("call", "answer") and isinstance(span[3], str) and 0 <= span[0] < min(span[1], n)):
+            out.append([span[0], min(span[1], n), span[2], span[3]])
+    return out
 
 
 def _atomic_write_gz(path: Path, text: str) -> None:

@@ -19,11 +19,20 @@ Signals (each from the step's own episodes, nothing extra generated):
   Left out when a step has fewer than `MIN_INPUTS` distinct inputs; alarms compare its moving
   average, `health/input_dependence_smooth`, with the average's peak.
   Entropy cannot see template collapse (varied replies that ignore the input); this can.
+- `health/malformed_calls`: the share of the step's tool calls (`tools/calls` of the tool agent's
+  episodes, agentrl/agents/tool.py) that were malformed; alarms compare its moving average,
+  `health/malformed_calls_smooth`, with the lowest that average had reached.
+- On tasks declared to need tools (episodes whose `info["needs_tools"]` is true: the tool agent
+  sets it when its env has `needs_tools = True` or `agent.args.needs_tools=true`, and it offers
+  tools): `health/tool_use`, the share of those episodes that called a tool, and
+  `health/tool_task_reward`, their mean return (moving average: `health/tool_task_reward_smooth`).
 
 Alarms (names in `ALARMS`): a signal must be bad for `health.patience` consecutive steps after
 `health.warmup_steps`; the alarm is then logged as one line and `health/alarm_<name>` is 1 while
 it lasts. An untrained policy does not depend on its input either, so `input_dependence` alarms
-only on a drop from a peak the run had reached.
+only on a drop from a peak the run had reached; an untrained one writes malformed calls too, so
+`malformed_calls` alarms on a rise from the lowest share the run had reached. The signals whose
+single steps are noisy are compared as moving averages (`Monitor.trend`), one mechanism for all.
 """
 
 from __future__ import annotations
@@ -37,8 +46,8 @@ from typing import Any
 from agentrl.errors import ConfigError
 from agentrl.trajectory import Trajectory
 
-ALARMS = ("dead_groups", "entropy", "reply_repeat", "input_dependence")
-MI_SMOOTHING = 0.7  # weight of the past in the smoothed input dependence (an exponential moving average)
+ALARMS = ("dead_groups", "entropy", "reply_repeat", "input_dependence", "malformed_calls", "reward_without_tools")
+SMOOTHING = 0.7  # weight of the past in a signal's moving average (an exponential moving average)
 MIN_INPUTS = 4  # fewer distinct inputs than this give no input-dependence estimate (too noisy)
 
 
@@ -67,6 +76,18 @@ class HealthConfig:
     reached health.input_dependence_min_peak."""
     input_dependence_min_peak: float = 0.15
     """Input dependence the run must have reached for its loss to be a collapse."""
+    malformed_calls_rise: float = 0.2
+    """Alarm when the share of tool calls that are malformed (moving average over steps) rises
+    this much above the lowest it had reached: multi-turn tool RL can collapse as malformed calls
+    rise, with no warning (verl #6252)."""
+    reward_without_tools_rise: float = 0.1
+    """Alarm when, on tasks declared to need tools, the mean return (moving average over steps,
+    in the env's reward units) has risen this much above the lowest it had reached while at most
+    health.reward_without_tools_use of the step's episodes called a tool: high reward "while never
+    firing a single tool call" (agentcore-rl-toolkit PR #97) means the reward is reached another way."""
+    reward_without_tools_use: float = 0.0
+    """Share of the episodes on tasks that need tools that called one, at or below which their
+    tool use counts as gone (0: not a single call in the step)."""
     mi_inputs: int = 8
     """Distinct inputs cross-scored per step for health/input_dependence (n contexts, then the n
     replies after each on its KV cache); 0 turns the signal off."""
@@ -167,6 +188,33 @@ def cross_inputs(trajs: Sequence[Trajectory], n: int) -> list[tuple[list[int], l
     return out
 
 
+def _number(metrics: Any, key: str) -> float:
+    """`metrics[key]` when it is a finite number, else 0 (an agent's metrics are free-form)."""
+    value = metrics.get(key, 0.0) if isinstance(metrics, dict) else 0.0
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
+
+
+def tool_signals(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """health/malformed_calls of a step (left out when it made no tool call), and on the episodes
+    declared to need tools, health/tool_use and health/tool_task_reward (left out when none)."""
+    calls = malformed = 0.0
+    needing: list[tuple[bool, float]] = []
+    for t in trajs:
+        if t.segment:  # segment 0 stands for its episode (its metrics and return are the episode's)
+            continue
+        metrics = t.info.get("metrics")
+        n = _number(metrics, "tools/calls")
+        calls += n
+        malformed += _number(metrics, "tools/malformed")
+        if t.info.get("needs_tools"):
+            needing.append((n > 0, t.total_reward))
+    out = {"health/malformed_calls": malformed / calls} if calls else {}
+    if needing:
+        out["health/tool_use"] = sum(used for used, _ in needing) / len(needing)
+        out["health/tool_task_reward"] = sum(r for _, r in needing) / len(needing)
+    return out
+
+
 def input_dependence(loglik: Sequence[Sequence[float]]) -> dict[str, float]:
     """health/input_dependence and health/input_retrieval from `loglik[i][j]` = log p(reply_i |
     input_j) (n x n, n >= 2): the in-batch mutual-information estimate over log n, and how often
@@ -192,8 +240,9 @@ class Monitor:
     steps_seen: int = 0
     entropy_sum: float = 0.0  # over the warm-up steps: the entropy baseline
     entropy_n: int = 0
-    mi_ema: float | None = None  # input dependence, smoothed over steps
-    mi_peak: float = 0.0  # the highest smoothed input dependence so far
+    smooth: dict[str, float] = field(default_factory=dict)  # signal -> its moving average over steps
+    peak: dict[str, float] = field(default_factory=dict)  # signal -> the highest its moving average has been
+    low: dict[str, float] = field(default_factory=dict)  # signal -> the lowest its moving average has been
     streak: dict[str, int] = field(default_factory=dict)
     onset: int | None = None  # first step of the current run of bad steps (any signal)
 
@@ -226,16 +275,49 @@ class Monitor:
                                    f"probability {repeat:.2f} (>= health.reply_repeat={c.reply_repeat})")
         mi = signals.get("health/input_dependence")
         if mi is not None:
-            # One step's estimate is noisy (a few inputs, sampled replies): compare smoothed values.
-            self.mi_ema = mi if self.mi_ema is None else MI_SMOOTHING * self.mi_ema + (1 - MI_SMOOTHING) * mi
-            out["health/input_dependence_smooth"] = self.mi_ema
-            floor = c.input_dependence_drop * self.mi_peak
-            if self.mi_peak >= c.input_dependence_min_peak and self.mi_ema < floor:
-                bad["input_dependence"] = (self.mi_ema, floor, f"input dependence fell to {self.mi_ema:.3f} from a "
-                                           f"peak of {self.mi_peak:.3f} (< health.input_dependence_drop="
+            avg, peak, _ = self.trend("input_dependence", mi, out)
+            if peak is not None and peak >= c.input_dependence_min_peak and avg < c.input_dependence_drop * peak:
+                bad["input_dependence"] = (avg, c.input_dependence_drop * peak, f"input dependence fell to {avg:.3f} "
+                                           f"from a peak of {peak:.3f} (< health.input_dependence_drop="
                                            f"{c.input_dependence_drop} of it): replies stopped reading the input")
-            self.mi_peak = max(self.mi_peak, self.mi_ema)
+        self._tool_checks(signals, out, bad)
         return out, self._alarms(step, bad, warm)
+
+    def _tool_checks(self, signals: dict[str, float], out: dict[str, float],
+                     bad: dict[str, tuple[float, float, str]]) -> None:
+        """The tool alarms' checks: malformed calls rising, reward rising without tool calls."""
+        c = self.cfg
+        malformed = signals.get("health/malformed_calls")
+        if malformed is not None:
+            avg, _, low = self.trend("malformed_calls", malformed, out)
+            if low is not None and avg - low >= c.malformed_calls_rise:
+                bad["malformed_calls"] = (avg, low + c.malformed_calls_rise, f"{avg:.0%} of tool calls are malformed "
+                                          f"(moving average), up from {low:.0%} (>= health.malformed_calls_rise="
+                                          f"{c.malformed_calls_rise} above its lowest): the model is losing the "
+                                          "call format")
+        reward, use = signals.get("health/tool_task_reward"), signals.get("health/tool_use")
+        if reward is not None and use is not None:
+            avg, _, low = self.trend("tool_task_reward", reward, out)
+            if low is not None and avg - low >= c.reward_without_tools_rise and use <= c.reward_without_tools_use:
+                bad["reward_without_tools"] = (
+                    avg, low + c.reward_without_tools_rise, f"on tasks that need tools the reward rose to {avg:.3f} "
+                    f"(moving average) from {low:.3f} (>= health.reward_without_tools_rise="
+                    f"{c.reward_without_tools_rise}) while {use:.0%} of their episodes called a tool (<= "
+                    f"health.reward_without_tools_use={c.reward_without_tools_use}): the reward is reached without "
+                    "the tools")
+
+    def trend(self, name: str, value: float, out: dict[str, float]) -> tuple[float, float | None, float | None]:
+        """Signal `name`'s moving average with this step's value (logged as health/<name>_smooth in
+        `out`), and the highest and lowest it had been before (None on its first step). One step's
+        value is noisy (a few inputs or calls, sampled replies): alarms compare moving averages."""
+        before = self.smooth.get(name)
+        avg = value if before is None else SMOOTHING * before + (1 - SMOOTHING) * value
+        peak, low = self.peak.get(name), self.low.get(name)
+        self.smooth[name] = avg
+        self.peak[name] = avg if peak is None else max(peak, avg)
+        self.low[name] = avg if low is None else min(low, avg)
+        out[f"health/{name}_smooth"] = avg
+        return avg, peak, low
 
     def _alarms(self, step: int, bad: dict[str, tuple[float, float, str]], warm: bool) -> list[Alarm]:
         if warm:
@@ -256,9 +338,17 @@ class Monitor:
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps."""
         return {"steps_seen": self.steps_seen, "entropy_sum": self.entropy_sum, "entropy_n": self.entropy_n,
-                "mi_ema": self.mi_ema, "mi_peak": self.mi_peak, "streak": dict(self.streak), "onset": self.onset}
+                "smooth": dict(self.smooth), "peak": dict(self.peak), "low": dict(self.low),
+                "streak": dict(self.streak), "onset": self.onset}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned."""
+        """Restore what `state_dict` returned (or an older checkpoint's, which kept input dependence
+        alone as mi_ema and mi_peak)."""
+        state = dict(state)
+        ema, peak = state.pop("mi_ema", None), state.pop("mi_peak", None)
+        if ema is not None:
+            state.setdefault("smooth", {"input_dependence": ema})
+            state.setdefault("peak", {"input_dependence": peak})
+            state.setdefault("low", {"input_dependence": ema})  # unknown then; only a rise alarm reads a low
         for key, value in state.items():
             setattr(self, key, dict(value) if isinstance(value, dict) else value)

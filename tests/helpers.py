@@ -17,6 +17,22 @@ def segments(mask):
     return out
 
 
+class ScriptedReplies:
+    """An LLM client that answers with the next of a fixed list of texts (plus EOS): the model's
+    replies of a test, written out."""
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.replies, self.outputs, self.prompts = tokenizer, list(replies), [], []
+
+    async def generate(self, prompt_ids, sampling):
+        from agentrl.llm.engine import Completion
+
+        ids = self.tokenizer.encode(self.replies.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        self.outputs.append(ids)
+        self.prompts.append(list(prompt_ids))
+        return Completion(ids, [-0.5] * len(ids), "stop")
+
+
 class RecordingEngine:
     """Wraps a real engine and keeps every (prompt ids, completion) it served."""
 

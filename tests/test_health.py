@@ -121,12 +121,25 @@ def test_input_dependence_alarms_only_on_a_drop_from_a_reached_peak():
 def test_monitor_state_round_trips():
     m = Monitor(HealthConfig(warmup_steps=1, patience=3))
     for step in (1, 2, 3):
-        m.observe(step, {"health/entropy": 1.0 / step, "health/reply_repeat": 0.95, "health/input_dependence": 0.4})
+        m.observe(step, {"health/entropy": 1.0 / step, "health/reply_repeat": 0.95, "health/input_dependence": 0.4,
+                         "health/malformed_calls": 0.0 if step == 1 else 0.9})
     twin = Monitor(HealthConfig(warmup_steps=1, patience=3))
     twin.load_state_dict(m.state_dict())
-    signals = {"health/entropy": 0.01, "health/reply_repeat": 0.95, "health/input_dependence": 0.01}
-    expected = [a.name for a in m.observe(4, signals)[1]]
-    assert [a.name for a in twin.observe(4, signals)[1]] == expected == ["reply_repeat"]
+    signals = {"health/entropy": 0.01, "health/reply_repeat": 0.95, "health/input_dependence": 0.01,
+               "health/malformed_calls": 0.9}
+    expected = m.observe(4, signals)
+    assert twin.observe(4, signals) == expected and [a.name for a in expected[1]] == ["reply_repeat", "malformed_calls"]
+
+
+def test_a_checkpoint_of_the_older_monitor_resumes_its_input_dependence():
+    cfg = HealthConfig(warmup_steps=0, patience=1)
+    m = Monitor(cfg)
+    m.load_state_dict({"steps_seen": 5, "entropy_sum": 0.0, "entropy_n": 0, "mi_ema": 0.5, "mi_peak": 0.6,
+                       "streak": {}, "onset": None})
+    extra, alarms = m.observe(6, {"health/input_dependence": 0.0})
+    assert extra["health/input_dependence_smooth"] == pytest.approx(0.35) and alarms == []  # 0.35 >= 0.3 * 0.6
+    fired = [step for step in (7, 8, 9) if m.observe(step, {"health/input_dependence": 0.0})[1]]
+    assert fired == [8]  # 0.245, then 0.1715 < 0.18: as the run that wrote the checkpoint would have
 
 
 @pytest.mark.parametrize("override, field", [("health.reply_repeat=1.5", "health.reply_repeat"),

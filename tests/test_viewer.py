@@ -2,6 +2,7 @@
 long runs, escaping, the loopback server's routes, and one-line errors. The page in a real
 browser is tests/e2e/test_observe.py."""
 
+import asyncio
 import json
 import re
 import threading
@@ -9,11 +10,17 @@ import threading
 import httpx
 import pytest
 
+from agentrl.agents.tool import ToolAgent
 from agentrl.dumps import TrajectoryDumper
+from agentrl.envs.math import MathEnv
+from agentrl.envs.math_grader import shutdown_grader
 from agentrl.errors import AgentRLError
+from agentrl.llm.engine import SamplingParams
+from agentrl.tools import tool
 from agentrl.train.batch import pack
-from agentrl.trajectory import Trajectory
+from agentrl.trajectory import Task, Trajectory
 from agentrl.viewer import build_page, curves, make_server, pick_steps, write_page
+from helpers import ScriptedReplies
 
 
 def blocks(html):
@@ -92,3 +99,55 @@ def test_a_folder_that_is_no_run_is_one_line(tmp_path):
     with pytest.raises(AgentRLError) as e:
         build_page(tmp_path / "nowhere")
     assert "is not a run folder" in str(e.value) and "\n" not in str(e.value)
+
+
+@tool(name="test_upper")
+def upper(text: str) -> str:
+    """Say the text in capitals.
+
+    Args:
+        text: What to say.
+    """
+    return text.upper()
+
+
+def tool_run(folder, tokenizer):
+    """A run folder whose one dump holds a tool agent's episode: a call, a malformed call, their
+    answers, then the answer the env grades."""
+    (folder / "config.yaml").write_text("exp_name: tools\n")
+    replies = ['Let me ask.<tool_call>\n{"name": "test_upper", "arguments": {"text": "abc"}}\n</tool_call>'
+               "<tool_call>{oops}</tool_call>", "<answer>0</answer>"]
+    agent = ToolAgent(tokenizer, SamplingParams(max_new_tokens=96), max_turns=1, tools=["test_upper"])
+    traj = asyncio.run(agent.run_episode(Task(env_seed=1, group_id=0, sampling_seed=1),
+                                         MathEnv(min_operand=100, max_operand=999, ops="*"),
+                                         ScriptedReplies(tokenizer, replies)))
+    shutdown_grader()
+    batch = pack([traj], 0)
+    batch.old_logprobs, batch.advantages, batch.returns = batch.behaviour_logprobs, batch.loss_mask, batch.loss_mask
+    TrajectoryDumper(folder, tokenizer, 10_000).write(1, [traj], batch, 0, "grpo")
+    return folder
+
+
+def test_the_page_marks_tool_calls_and_their_answers_with_the_tool_name(tmp_path, tiny_tokenizer):
+    run = tool_run(tmp_path, tiny_tokenizer)
+    dump = blocks(build_page(run))["agentrl-step-1"]
+    ep = dump["episodes"][0]
+    text = {(kind, name): "".join(dump["pieces"][str(i)] for i in ep["ids"][a:b]) for a, b, kind, name in ep["tools"]}
+    assert list(text) == [("call", "test_upper"), ("call", "malformed"), ("answer", "test_upper, malformed")]
+    assert text["call", "test_upper"].strip() == '<tool_call>\n{"name": "test_upper", "arguments": {"text": "abc"}}\n</tool_call>'
+    assert text["call", "malformed"] == "<tool_call>{oops}</tool_call>"
+    # the answers: the template's tool messages, ids we wrote (mask 0); the calls: the model's ids (mask 1)
+    answers = text["answer", "test_upper, malformed"]
+    assert answers.startswith("<|im_start|>tool\nABC<|im_end|>") and "Error: the tool call is not valid JSON" in answers
+    for a, b, kind, _ in ep["tools"]:
+        assert set(ep["mask"][a:b]) == ({"1"} if kind == "call" else {"0"})
+    # the served step holds the same
+    page = write_page(run)
+    server = make_server(run, page, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        served = httpx.get(f"http://127.0.0.1:{server.server_address[1]}/dumps/1.json").json()
+        assert served["episodes"][0]["tools"] == ep["tools"]
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -21,11 +21,20 @@ included), `tools/timeouts` and `tools/used` (0 or 1) per episode, and `tools/su
 or `tools/success_without_tool` (the episode's success, under the one that applies): averaged
 per tag they are the rates the logs show as `env/<tag>/tools/...` and `eval/<tag>/tools/...`.
 With no tools (`tools: []`) the agent is the chat agent: the same model and recipe, tools off.
+
+A task that cannot be solved without its tools says so: the env with a `needs_tools = True`
+attribute, or the config with `agent.args.needs_tools=true` (which overrides the env's). The
+agent then marks its episodes `info["needs_tools"] = True`, when it offers tools (the no-tool
+baseline is never marked), and the `reward_without_tools` alarm (agentrl/health.py) watches them.
+For the viewer, `info["tool_spans"]` lists `[start, end, kind, name]` per call and per answer:
+the ids of each `<tool_call>` block of a reply (kind `call`, the name it called or `malformed`)
+and of the tool messages answering them (kind `answer`, the names answered, comma-separated).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +43,7 @@ from typing import Any
 from agentrl.agents.chat import start_conversation, take_turn
 from agentrl.envs.base import Env
 from agentrl.errors import ConfigError, ToolError, ToolTimeout, did_you_mean
-from agentrl.llm.conversation import TokenBudget, check_chat_template
+from agentrl.llm.conversation import Conversation, TokenBudget, check_chat_template
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.llm.tool_calls import OPEN, ToolCall, call_text, parse_tool_calls
 from agentrl.registry import TOOLS, register_agent
@@ -69,7 +78,7 @@ class ToolAgent:
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
                  tools: Sequence[str] = (), tool_args: dict[str, dict] | None = None, max_tool_calls: int = 4,
                  tool_timeout: float = 30.0, max_tool_response_length: int = 1024,
-                 tool_response_truncate_side: str = "left") -> None:
+                 tool_response_truncate_side: str = "left", needs_tools: bool | None = None) -> None:
         # Arguments are rejected with ValueError, as every agent's (the run names the config key).
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -77,6 +86,8 @@ class ToolAgent:
         _check_int("max_tool_response_length", max_tool_response_length, 1)
         if isinstance(tool_timeout, bool) or not isinstance(tool_timeout, (int, float)) or not tool_timeout > 0:
             raise ValueError(f"tool_timeout={tool_timeout!r}; expected seconds > 0")
+        if needs_tools is not None and not isinstance(needs_tools, bool):
+            raise ValueError(f"needs_tools={needs_tools!r}; expected true, false or null (the env's needs_tools)")
         if tool_response_truncate_side not in TRUNCATE_SIDES:
             raise ValueError(f"tool_response_truncate_side={tool_response_truncate_side!r}; expected one of "
                              f"{', '.join(TRUNCATE_SIDES)}")
@@ -95,6 +106,7 @@ class ToolAgent:
         self.tool_timeout = float(tool_timeout)
         self.max_tool_response_length = max_tool_response_length
         self.truncate_side = tool_response_truncate_side
+        self.needs_tools = needs_tools
         self.schemas = [t.schema for t in self.tools.values()] or None
         self.eos_token_ids = (tokenizer.eos_token_id,)
         if self.schemas and callable(getattr(tokenizer, "apply_chat_template", None)):
@@ -114,6 +126,7 @@ class ToolAgent:
         conv = start_conversation(self.tokenizer, self.system_prompt, f"{instructions}\n{obs}" if instructions else obs,
                                   tools=self.schemas)
         usage = ToolUsage()
+        spans: list[list] = []  # [start, end, kind, name] of each call and each run of answers
         info: dict = {}
         invalid = cut_off = steps = replies = 0
         terminated = truncated = False
@@ -122,6 +135,7 @@ class ToolAgent:
         state = obs  # what the next reply acts on: the observation, and the tool answers since
         observed = None  # mark before the latest observation or tool answers, taken back if no reply can follow
         while steps < self.max_turns:
+            before = len(conv.token_ids)
             reply, stop = await take_turn(conv, llm, task, replies, self, undo=observed)
             replies += 1
             if stop:
@@ -129,9 +143,13 @@ class ToolAgent:
                 break
             states.append(state)
             if reply is not None and self.tools and OPEN in reply and usage.calls < self.max_tool_calls:
-                answers = await self._answer(parse_tool_calls(reply), usage)
+                calls = parse_tool_calls(reply)
+                names = [call.name if call.ok else "malformed" for call in calls]
+                spans += [[a, b, "call", name] for (a, b), name in zip(self._call_ids(conv, before, calls), names)]
+                answers = await self._answer(calls, usage)
                 observed = conv.mark()
                 conv.add_messages([{"role": "tool", "content": a} for a in answers])
+                spans.append([observed[1], len(conv.token_ids), "answer", ", ".join(names)])
                 state = "\n".join([state, *answers])
                 continue
             if reply is None:  # cut off at max_new_tokens: no answer
@@ -153,9 +171,29 @@ class ToolAgent:
         success = bool(info.pop("success", False))
         env_metrics = info.get("metrics") if isinstance(info.get("metrics"), dict) else {}
         info["metrics"] = {**env_metrics, **usage.metrics(success)}
+        needs = self.needs_tools if self.needs_tools is not None else bool(getattr(env, "needs_tools", False))
+        if needs and self.tools:
+            info["needs_tools"] = True
+        n = len(conv.token_ids)  # answers taken back (no reply could follow) or trimmed are gone
+        kept = [[a, min(b, n), kind, name] for a, b, kind, name in spans if a < n]
+        if kept:
+            info["tool_spans"] = kept
         return Trajectory.from_record(conv.record, task, states, success=success, terminated=bool(terminated),
                                       truncation_reason=reason, info=info, invalid_actions=invalid,
                                       truncated_replies=cut_off)
+
+    def _call_ids(self, conv: Conversation, before: int, calls: list[ToolCall]) -> list[tuple[int, int]]:
+        """[start, end) of each call's block among the ids of the reply generated after position
+        `before`, from the lengths of the reply's decoded prefixes (the parse saw that text)."""
+        first = next(i for i in range(before, len(conv.token_ids)) if conv.loss_mask[i])
+        ids = [conv.token_ids[i] for i in range(first, len(conv.token_ids)) if conv.loss_mask[i]]
+
+        def length(k: int) -> int:  # characters the reply's first k + 1 ids decode to
+            return len(self.tokenizer.decode(ids[:k + 1], skip_special_tokens=True))
+
+        at = range(len(ids))  # the id holding character c: the first whose prefix is longer than c
+        return [(first + bisect.bisect_right(at, call.start, key=length),
+                 first + min(len(ids), bisect.bisect_right(at, call.end - 1, key=length) + 1)) for call in calls]
 
     async def _answer(self, calls: list[ToolCall], usage: ToolUsage) -> list[str]:
         """Each call's answer (run at once; calls past the episode's `max_tool_calls` are refused)."""

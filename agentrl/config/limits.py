@@ -155,6 +155,9 @@ RANGES: dict[str, Range] = {
     "health.input_dependence_drop": UNIT,
     "health.input_dependence_min_peak": UNIT,
     "health.mi_inputs": Range(0, 64, "0 turns it off"),
+    "health.malformed_calls_rise": Range(0.0, 1.0, "a share of the calls", lo_open=True),
+    "health.reward_without_tools_rise": Range(0.0, 1e9, "in the env's reward units", lo_open=True),
+    "health.reward_without_tools_use": UNIT,
     # runtime
     "runtime.num_threads": Range(1, 1024, "torch threads per process"),  # beyond any machine's cores
     "runtime.num_cpus": Range(1, 2**20, "or null: this machine's count"),

@@ -15,6 +15,9 @@ class Env(Protocol):
     `(observation, reward, terminated, truncated, info)`. Any string is a valid argument to
     `step`: a reply that cannot be parsed is a normal step with a format penalty, never an
     exception. `info["success"]` is set on the step that ends the episode.
+
+    Optional: `needs_tools = True` declares a task that cannot be solved without the tool agent's
+    tools (the `reward_without_tools` collapse alarm watches it; agentrl/health.py).
     """
 
     #: What the agent tells the model before the first observation (task and reply format).

@@ -32,6 +32,7 @@ class ToolCall:
     arguments: Any  # what the block's "arguments" (or "parameters") held: a mapping, a JSON string, ...
     error: str | None  # None for a well-formed block; else what is wrong, said to the model
     start: int  # where the block starts in the reply text
+    end: int  # where it ends (after its closing; the text's end for a block never closed)
 
     @property
     def ok(self) -> bool:
@@ -45,23 +46,23 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     calls = []
     end = 0
     for match in _BLOCK.finditer(text):
-        calls.append(_call(match.group(1), match.start()))
         end = match.end()
+        calls.append(_call(match.group(1), match.start(), end))
     rest = text.find(OPEN, end)
     if rest >= 0:  # an opening without its closing (a reply cut short, or a typo)
-        calls.append(ToolCall(None, None, f"{OPEN} is not closed with {CLOSE}", rest))
+        calls.append(ToolCall(None, None, f"{OPEN} is not closed with {CLOSE}", rest, len(text)))
     return calls
 
 
-def _call(body: str, start: int) -> ToolCall:
+def _call(body: str, start: int, end: int) -> ToolCall:
     try:
         data = json.loads(body)
     except ValueError as e:
-        return ToolCall(None, None, f"the tool call is not valid JSON ({e})", start)
+        return ToolCall(None, None, f"the tool call is not valid JSON ({e})", start, end)
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return ToolCall(None, None, 'the tool call must be a JSON object with a string "name" and an object '
-                        '"arguments"', start)
-    return ToolCall(data["name"], data.get("arguments", data.get("parameters", {})), None, start)
+                        '"arguments"', start, end)
+    return ToolCall(data["name"], data.get("arguments", data.get("parameters", {})), None, start, end)
 
 
 def call_text(name: str, arguments: dict[str, Any]) -> str:

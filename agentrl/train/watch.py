@@ -18,7 +18,8 @@ import torch
 from agentrl.config import Config
 from agentrl.dumps import TrajectoryDumper, cut_dumps
 from agentrl.errors import CollapseError
-from agentrl.health import MIN_INPUTS, Alarm, Monitor, cross_inputs, group_signals, input_dependence, reply_repeat
+from agentrl.health import (MIN_INPUTS, Alarm, Monitor, cross_inputs, group_signals, input_dependence, reply_repeat,
+                            tool_signals)
 from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Trajectory
 from agentrl.train.batch import Batch
@@ -64,7 +65,7 @@ class Watch:
         """The step's health/ metrics; alarms that start here are kept for `act`."""
         if not self.cfg.health.enable:
             return {}
-        signals = {**group_signals(trajs), **reply_repeat(trajs)}
+        signals = {**group_signals(trajs), **reply_repeat(trajs), **tool_signals(trajs)}
         if "policy/entropy" in metrics:
             signals["health/entropy"] = metrics["policy/entropy"]
         n = self.cfg.health.mi_inputs

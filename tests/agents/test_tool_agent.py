@@ -18,7 +18,7 @@ from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.registry import TOOLS
 from agentrl.tools import tool
 from agentrl.trajectory import Task
-from helpers import bwrap_problem, segments
+from helpers import ScriptedReplies, bwrap_problem, segments
 
 ROOT = Path(__file__).parents[2]
 
@@ -41,19 +41,6 @@ async def echo(text: str) -> str:
     if text == "fail":
         raise RuntimeError("it broke")
     return text
-
-
-class ScriptedReplies:
-    """An LLM client that answers with the next of a fixed list of texts (plus EOS)."""
-
-    def __init__(self, tokenizer, replies):
-        self.tokenizer, self.replies, self.outputs, self.prompts = tokenizer, list(replies), [], []
-
-    async def generate(self, prompt_ids, sampling):
-        ids = self.tokenizer.encode(self.replies.pop(0), add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        self.outputs.append(ids)
-        self.prompts.append(list(prompt_ids))
-        return Completion(ids, [-0.5] * len(ids), "stop")
 
 
 def _question(seed):
@@ -184,6 +171,8 @@ def test_64_episodes_run_python_at_once_without_a_hang_or_a_leaked_process(tiny_
      "tool_args.python.sandbox='docker': expected one of bwrap, process"),
     (["agent.args.tools=[python]", "agent.args.tool_response_truncate_side=top"],
      "tool_response_truncate_side='top'; expected one of left, right, middle"),
+    (["agent.args.tools=[python]", "agent.args.needs_tools=sometimes"],
+     "needs_tools='sometimes'; expected true, false or null"),
 ])
 def test_bad_tool_settings_fail_the_plan_in_one_line(args, expected):
     res = subprocess.run([sys.executable, "-m", "agentrl.cli", "plan", "env.type=math", "agent.type=tool", *args],

@@ -1,15 +1,20 @@
 """End-to-end: a short real training run of an arithmetic env with the tool agent and the python
-tool (bubblewrap): the tool metrics are logged, and the trained batch holds the tool answers as
-ids of loss mask 0 between the model's replies, which are the engine's ids as sampled."""
+tool (bubblewrap): the tool metrics and health signals are logged, the trained batch holds the
+tool answers as ids of loss mask 0 between the model's replies, which are the engine's ids as
+sampled, and the run's page shows the calls and answers in its token view (headless Chromium)."""
 
 import random
 import re
+from pathlib import Path
 
 import pytest
 
 from agentrl.api import fit, load_config
 from agentrl.dumps import list_dumps, read_dump
 from agentrl.metrics import read_jsonl
+from agentrl.viewer import write_page
+
+import browser  # tests/ is on sys.path (conftest.py)
 from helpers import bwrap_problem, segments
 
 
@@ -23,6 +28,7 @@ class ProductEnv:
     """What is A * B? (three-digit factors), answered as <answer>N</answer>; one step per episode."""
 
     instructions = "Compute the product with the python tool, then answer as <answer>N</answer>."
+    needs_tools = True  # the reward_without_tools alarm watches it
 
     async def reset(self, seed=None, options=None):
         rng = random.Random(seed)
@@ -41,10 +47,13 @@ class ProductEnv:
         pass
 
 
-def test_a_tool_agent_trains_with_the_python_tool(tmp_path):
+@pytest.fixture(scope="module")
+def products_run(tmp_path_factory):
+    """The run folder of 2 training steps, dumped at each."""
     problem = bwrap_problem()
     if problem is not None:
         pytest.skip(f"bubblewrap cannot run here: {problem}")
+    tmp_path = tmp_path_factory.mktemp("products")
     run = tmp_path / "run"
     cfg = load_config({"exp_name": "products", "env": {"max_turns": 1}}, [
         "model.tiny.hidden_size=64", "model.tiny.num_hidden_layers=2", "model.tiny.intermediate_size=128",
@@ -55,7 +64,11 @@ def test_a_tool_agent_trains_with_the_python_tool(tmp_path):
         "trainer.dump_trajectories_freq=1", "agent.type=tool", "agent.args.tools=[python]",
         "agent.args.max_tool_calls=1", f"run_dir={run}", f"model.cache_dir={tmp_path / 'cache'}"])
     fit(cfg, env_cls=ProductEnv)
+    return run
 
+
+def test_a_tool_agent_trains_with_the_python_tool(products_run):
+    run = products_run
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r]
     assert [r["step"] for r in rows] == [1, 2]
     for name in ("calls", "malformed", "errors", "timeouts", "used"):
@@ -63,6 +76,12 @@ def test_a_tool_agent_trains_with_the_python_tool(tmp_path):
     assert rows[0]["env/ProductEnv/tools/calls"] > 0
     assert any(k.startswith("env/ProductEnv/tools/success_with") for r in rows for k in r)
     assert any(k.startswith("eval/ProductEnv/tools/") for k in read_jsonl(run / "metrics.jsonl")[-1])
+    # the tool alarms' signals, every step: the share of malformed calls, tool use and reward on a
+    # task that needs tools (ProductEnv.needs_tools)
+    for r in rows:
+        assert 0.0 <= r["health/malformed_calls"] <= 1.0
+        assert r["health/tool_use"] == pytest.approx(r["env/ProductEnv/tools/used"])
+        assert r["health/tool_task_reward"] == pytest.approx(r["reward/mean"])
 
     dumps = [read_dump(path) for _, path in list_dumps(run)]
     assert len(dumps) == 2
@@ -84,3 +103,43 @@ def test_a_tool_agent_trains_with_the_python_tool(tmp_path):
         assert len(ep["lp"]) == len(ep["old"]) == len(gen)
         assert all(abs(a - b) < 1e-3 for a, b in zip(ep["lp"], ep["old"]))
     assert with_tool > 0 and ran > 0
+
+
+def test_the_page_shows_the_tool_calls_and_their_answers(products_run, tmp_path):
+    page = write_page(products_run)
+    step, path = list_dumps(products_run)[-1]
+    dump = read_dump(path)
+    k, ep = next((k, ep) for k, ep in enumerate(dump["episodes"]) if any(s[2] == "call" for s in ep.get("tools", [])))
+    for a, b, kind, name in ep["tools"]:  # each span is what its kind says
+        text = "".join(dump["pieces"][str(i)] for i in ep["ids"][a:b])
+        assert set(ep["mask"][a:b]) == ({"1"} if kind == "call" else {"0"})
+        assert "<tool_call>" in text if kind == "call" else text.startswith("<|im_start|>tool\n")
+        assert name and (kind == "answer" or text.count("<tool_call>") == 1)  # one block per call
+    if browser.missing() is not None:
+        pytest.skip(str(browser.missing()))
+    b = browser.Browser()
+    try:
+        b.open(Path(page).as_uri())
+        assert b.wait("return document.querySelectorAll('#episode .tok').length > 0")
+        b.click(f'#step-select option[value="{step}"]')
+        b.click(f'#group-select option[value="{ep["group"]}"]')
+        b.click(f'#episode-select option[value="{k}"]')
+        dom = b.js("""const q = (s) => [...document.querySelectorAll(s)];
+            return {calls: q('#episode .tool-call').map(e => [e.dataset.tool, e.querySelectorAll('.tok').length,
+                                                              e.querySelector('.tool-label').textContent]),
+                    answers: q('#episode .tool-answer').map(e => [e.dataset.tool, e.querySelectorAll('.tok').length,
+                                                                  e.querySelector('.tool-label').textContent]),
+                    legend: document.querySelector('#legend').textContent,
+                    head: document.querySelector('#episode-head').textContent}""")
+        spans = {"call": [], "answer": []}
+        for a, b_, kind, name in ep["tools"]:
+            spans[kind].append([name, b_ - a, ("tool call · " if kind == "call" else "tool answer · ") + name])
+        assert dom["calls"] == spans["call"] and dom["answers"] == spans["answer"] and dom["calls"]
+        assert "tool call" in dom["legend"] and f"tool calls {len(spans['call'])}" in dom["head"]
+        tip = b.js("""const t = document.querySelector('#episode .tool-call .tok'); const r = t.getBoundingClientRect();
+            t.dispatchEvent(new MouseEvent('mouseover', {bubbles: true, clientX: r.left + 1, clientY: r.top + 1}));
+            return document.querySelector('#tip').textContent""")
+        assert f"tool call · {spans['call'][0][0]}" in tip
+        assert b.screenshot(tmp_path / "tools.png").stat().st_size > 10_000
+    finally:
+        b.close()

@@ -1,5 +1,6 @@
 """Per-tag episode summaries: env-specific per-episode metrics become env/<tag>/ and eval/<tag>/ means."""
 
+from agentrl.agents.tool import ToolUsage
 from agentrl.rollout.stats import episode_stats, partial_replies, tag_metrics
 from agentrl.trajectory import Trajectory
 
@@ -27,6 +28,20 @@ def test_tag_metrics_keep_each_tags_episodes_apart():
     out = tag_metrics(trajs, "eval")
     assert out["eval/lake/success"] == 0.5 and out["eval/lake/episodes"] == 2.0
     assert out["eval/math/success"] == 0.0 and out["eval/math/return"] == 0.0
+
+
+def test_tool_metrics_are_per_episode_rates_of_each_tag():
+    # the tool agent's per-episode counts: calls per episode, malformed, errors, timeouts, and
+    # success among the episodes that called a tool and among those that did not
+    episodes = [(ToolUsage(calls=2, malformed=1), True), (ToolUsage(), False), (ToolUsage(), True),
+                (ToolUsage(calls=1, errors=1, timeouts=1), False)]
+    trajs = [_traj({"metrics": usage.metrics(ok)}, float(ok), tag="calc", success=ok) for usage, ok in episodes]
+    trajs.append(_traj({}, 1.0, tag="lake", success=True))  # another tag, no tools
+    out = tag_metrics(trajs, "env")
+    assert {k[len("env/calc/tools/"):]: v for k, v in out.items() if k.startswith("env/calc/tools/")} == {
+        "calls": 0.75, "malformed": 0.25, "errors": 0.25, "timeouts": 0.25, "used": 0.5,
+        "success_with_tool": 0.5, "success_without_tool": 0.5}
+    assert out["env/calc/episodes"] == 4.0 and not any(k.startswith("env/lake/tools/") for k in out)
 
 
 def test_a_reply_sampled_under_two_versions_counts_as_partial():
