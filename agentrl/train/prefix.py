@@ -2,8 +2,9 @@
 share is computed once, forward and backward.
 
 A GRPO group's episodes start with the same prompt, and an agent's segments under a history
-window start with the same instructions. Rows whose first `min_prefix` ids are equal form a group;
-the group's longest common prefix (at most all but the last id of its shortest row) runs once
+window start with the same instructions. Rows whose first `min_prefix` ids are equal form a group
+(split again where parts of it share a longer prefix and that saves more ids); the group's
+longest common prefix (at most all but the last id of its shortest row) runs once
 through the model with its KV cache kept, the cache is copied out to the group's rows
 (`index_select`: autograd sums the rows' gradients back into the one prefix computation), and
 every row's remaining ids (the suffix) run on it in a second pass, positions continuing after the
@@ -50,21 +51,42 @@ class PrefixPlan:
 
 def prefix_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                   min_prefix: int = MIN_SHARED_PREFIX) -> list[tuple[list[int], int]]:
-    """(rows, shared prefix length) of each group of two or more right-padded rows whose first
-    `min_prefix` ids are equal; the length is their longest common prefix, but leaves every row
-    at least one id of its own."""
+    """(rows, shared prefix length) of each group of two or more right-padded rows that share
+    their first `min_prefix` ids or more. A group's length is its rows' longest common prefix, but
+    leaves every row at least one id of its own; rows that share a longer prefix among themselves
+    (segments of the same turn in a history window) form groups of their own where that saves
+    more ids."""
     lengths = attention_mask.sum(-1).tolist()
     by_start: dict[tuple[int, ...], list[int]] = {}
     for r, n in enumerate(lengths):
         if n > min_prefix:
             by_start.setdefault(tuple(input_ids[r, :min_prefix].tolist()), []).append(r)
-    groups = []
+    groups: list[tuple[list[int], int]] = []
     for rows in by_start.values():
         if len(rows) > 1:
-            cap = min(lengths[r] for r in rows) - 1
-            same = (input_ids[rows, :cap] == input_ids[rows[0], :cap]).all(0)
-            groups.append((rows, int(same.long().cumprod(0).sum())))
+            groups += _best_split(input_ids, lengths, rows)[0]
     return groups
+
+
+def _best_split(input_ids: torch.Tensor, lengths: list[int],
+                rows: list[int]) -> tuple[list[tuple[list[int], int]], int]:
+    """The groups of `rows` (which share a prefix) that save the most ids, and how many they save:
+    the rows as one group, or split where they part, each part split again the same way."""
+    cap = min(lengths[r] for r in rows) - 1
+    same = (input_ids[rows, :cap] == input_ids[rows[0], :cap]).all(0)
+    shared = int(same.long().cumprod(0).sum())
+    whole = ([(rows, shared)], (len(rows) - 1) * shared)
+    parts: dict[int, list[int]] = {}
+    for r in rows:  # by the id where they part (shared < every row's length)
+        parts.setdefault(int(input_ids[r, shared]), []).append(r)
+    if len(parts) == 1:  # the shortest row ends here: no longer prefix to share
+        return whole
+    groups, saved = [], 0
+    for part in parts.values():
+        if len(part) > 1:
+            g, s = _best_split(input_ids, lengths, part)
+            groups, saved = groups + g, saved + s
+    return (groups, saved) if saved > whole[1] else whole
 
 
 def plan_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,

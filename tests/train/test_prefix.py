@@ -45,6 +45,14 @@ def _all_shared():
     return _rows(PROMPT + _reply(1, 6), PROMPT + _reply(1, 6), PROMPT + _reply(2, 1), PROMPT + _reply(3, 14))
 
 
+def _nested():
+    """Three segments of one turn share the prompt and a window of 30 ids more; a fourth row, the
+    prompt only. Sharing the longer prefix among the three saves more than the prompt among four."""
+    window = _reply(8, 30)
+    return _rows(PROMPT + window + _reply(1, 4), PROMPT + window + _reply(2, 7), PROMPT + window + _reply(3, 2),
+                 PROMPT + _reply(4, 9))
+
+
 def _policy(tiny_model, lora):
     model = copy.deepcopy(tiny_model)
     if not lora:
@@ -85,7 +93,7 @@ def _count_ids(model):
     return seen
 
 
-@pytest.mark.parametrize("batch", [_mixed, _all_shared])
+@pytest.mark.parametrize("batch", [_mixed, _all_shared, _nested])
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_shared_logprobs_entropies_and_gradients_equal_the_unshared_pass(tiny_model, batch, packed, lora):
@@ -127,6 +135,16 @@ def test_the_shared_prefix_is_computed_once(tiny_model):
     # The prompt once (the shortest row keeps its one reply id), then each row's own ids, padded.
     assert seen == [len(PROMPT), 4 * 14]
     assert sum(seen) < int(mask.sum())
+
+
+def test_rows_that_share_a_longer_prefix_share_it_among_themselves(tiny_model):
+    model = copy.deepcopy(tiny_model)
+    seen = _count_ids(model)
+    ids, mask = _nested()
+    with torch.no_grad():
+        logprobs(model, ids, mask, 1.0, packed=False, share_prefixes=True)
+    assert seen[0] == len(PROMPT) + 30  # one prefix: the three rows' (the fourth runs whole)
+    assert len(seen) == 2
 
 
 def test_rows_that_share_no_prefix_take_the_unshared_pass(tiny_model):
