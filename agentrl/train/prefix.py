@@ -8,14 +8,13 @@ longest common prefix (at most all but the last id of its shortest row) runs onc
 through the model with its KV cache kept, the cache is copied out to the group's rows
 (`index_select`: autograd sums the rows' gradients back into the one prefix computation), and
 every row's remaining ids (the suffix) run on it in a second pass, positions continuing after the
-prefix and an attention mask that covers the group's prefix and the row's own ids. A row that
-shares no prefix runs whole in the second pass, behind a fully masked prefix. The prefix pass's
-last state predicts each row's first suffix id.
+prefix and an attention mask that covers the group's prefix and the row's own ids. The prefix
+pass's last state predicts each row's first suffix id. Rows that share nothing take the unshared pass.
 
 The results come back in the padded (B, T) layout of train/forward.py and equal the unshared
 pass up to float rounding (the same operations on the same numbers, in matrices of other
-shapes). Both passes are padded ones: in a packed micro-batch (model.use_remove_padding) the rows
-of a group go through this cascade, the rows that share nothing through the packed pass.
+shapes). Both passes are padded ones: in a packed micro-batch (model.use_remove_padding) only the
+rows that share nothing are packed.
 """
 
 from __future__ import annotations
@@ -171,9 +170,10 @@ def shared_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     plan = plan_prefixes(input_ids, attention_mask, min_prefix)
     if plan is None:
         return unshared(input_ids, attention_mask)
-    if not packed or bool(plan.grouped.all()):
+    if bool(plan.grouped.all()):
         return assemble(plan, *cascade(model, plan, read), score)
-    # Packed: the groups through the (padded) cascade, the others through the packed pass.
+    # The groups through the cascade, the others through the unshared pass (packed or padded): in
+    # the suffix pass a row that shares nothing would widen every row's suffix to its whole length.
     outs = []
     parts = [(rows, _trimmed(input_ids, attention_mask, rows)) for rows in
              (plan.grouped.nonzero(as_tuple=True)[0], (~plan.grouped).nonzero(as_tuple=True)[0])]

@@ -143,8 +143,8 @@ def test_rows_that_share_a_longer_prefix_share_it_among_themselves(tiny_model):
     ids, mask = _nested()
     with torch.no_grad():
         logprobs(model, ids, mask, 1.0, packed=False, share_prefixes=True)
-    assert seen[0] == len(PROMPT) + 30  # one prefix: the three rows' (the fourth runs whole)
-    assert len(seen) == 2
+    # One prefix, the three rows', then their suffixes; the fourth row runs whole in a pass of its own.
+    assert seen == [len(PROMPT) + 30, 3 * 7, len(PROMPT) + 9]
 
 
 def test_rows_that_share_no_prefix_take_the_unshared_pass(tiny_model):
