@@ -140,7 +140,8 @@ def measure(cfg, model, device, trajectories, tokenizer_pad: int, share: bool, r
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
     tokens = int(batch.attention_mask.sum())
-    out = {"tokens_per_s": round(tokens / statistics.median(walls), 1), "cpu_seconds": round(statistics.median(cpus), 4),
+    out = {"tokens_per_s": round(tokens / statistics.median(walls), 1),
+           "cpu_seconds": round(statistics.median(cpus), 4),
            "ids_computed": computed, "activation_mb": round(saved.peak / 2**20, 2), "loss": loss, "logprobs": first}
     if device.type == "cuda":
         out["cuda_peak_mb"] = round(cuda_peak / 2**20, 1)
@@ -154,7 +155,8 @@ def run(name: str, args, log) -> dict:
     plain, shared = (measure(cfg, model, device, trajs, pad, share, args.repeats) for share in (False, True))
     real = pack(trajs, pad).attention_mask.bool()
     lengths = [len(t.token_ids) for t in trajs]
-    res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "rows": len(trajs), "tokens": int(real.sum()), "mean_row": round(statistics.mean(lengths), 1),
+    res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "rows": len(trajs),
+           "tokens": int(real.sum()), "mean_row": round(statistics.mean(lengths), 1),
            "max_logprob_diff": float((shared.pop("logprobs") - plain.pop("logprobs"))[real].abs().max()),
            "loss_diff": abs(shared.pop("loss") - plain.pop("loss")), "plain": plain, "shared": shared,
            "ids_ratio": round(shared["ids_computed"] / plain["ids_computed"], 3),
@@ -184,7 +186,8 @@ def main() -> None:
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warm-steps", type=int, default=None, help="cap the tiny model's warm start (default: the config's)")
+    p.add_argument("--warm-steps", type=int, default=None,
+                   help="cap the tiny model's warm start (default: the config's)")
     p.add_argument("--quick", action="store_true", help="small batches, a short warm start, one repeat (a smoke run)")
     p.add_argument("overrides", nargs="*", help="config overrides for every workload, e.g. actor.micro_batch_size=8")
     args = p.parse_args()

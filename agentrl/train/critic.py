@@ -45,7 +45,7 @@ class ValueModel(torch.nn.Module):
         if share_prefixes:
             return shared_forward(self.body, input_ids, attention_mask, lambda o: o.last_hidden_state,
                                   lambda hidden, _: (self._head(hidden),),
-                                  lambda ids, mask: (self(ids, mask, packed),), packed)[0]
+                                  lambda ids, mask: (self(ids, mask, packed),))[0]
         if packed:
             hidden, positions, where = packed_hidden(self.body, input_ids, attention_mask)
             return unpack_shifted(self._head(hidden), positions, where)

@@ -68,7 +68,7 @@ def logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: to
         return (logp, _entropy(logp_all, entropy_grad)) if with_entropy else (logp,)
 
     if share_prefixes:
-        out = shared_forward(model, input_ids, attention_mask, lambda o: o.logits, score, unshared, packed)
+        out = shared_forward(model, input_ids, attention_mask, lambda o: o.logits, score, unshared)
     else:
         out = unshared(input_ids, attention_mask)
     return out if with_entropy else out[0]

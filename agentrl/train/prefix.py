@@ -39,13 +39,13 @@ class PrefixPlan:
 
     prefix_ids: torch.Tensor  # (G, P) each group's shared prefix, right-padded
     prefix_mask: torch.Tensor  # (G, P)
-    suffix_ids: torch.Tensor  # (B, S) each row's ids after its group's prefix (all of them without one)
+    suffix_ids: torch.Tensor  # (B, S) each row's ids after its group's prefix, right-padded
     attention_mask: torch.Tensor  # (B, P + S) of the suffix pass: the row's group's prefix, then its own ids
     positions: torch.Tensor  # (B, S) position ids of the suffix pass
-    cache_rows: torch.Tensor  # (B,) the group whose KV each row reads (0, masked, for a row without one)
-    boundary: torch.Tensor  # (R, 3) group, prefix length, next id: each grouped row's first suffix id
+    group: torch.Tensor  # (B,) the group of each row: whose KV it reads
+    shared: torch.Tensor  # (B,) the length of its group's prefix
+    next_ids: torch.Tensor  # (B,) its first id after the prefix (the prefix's last state predicts it)
     index: torch.Tensor  # (B, T) each output's place in the flat results (see `assemble`)
-    grouped: torch.Tensor  # (B,) bool: the row shares a prefix
 
 
 def prefix_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -89,16 +89,13 @@ def _best_split(input_ids: torch.Tensor, lengths: list[int],
 
 
 def plan_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  min_prefix: int = MIN_SHARED_PREFIX) -> PrefixPlan | None:
-    """The cascade of a right-padded micro-batch (B, T), or None when no rows share a prefix."""
-    groups = prefix_groups(input_ids, attention_mask, min_prefix)
-    if not groups:
-        return None
+                  groups: list[tuple[list[int], int]]) -> PrefixPlan:
+    """The cascade of a right-padded micro-batch (B, T) whose every row is in one of `groups`."""
     device = input_ids.device
     batch, width = input_ids.shape
     lengths = attention_mask.sum(-1).tolist()
     n_groups, prefix = len(groups), max(p for _, p in groups)
-    group_of, shared = [-1] * batch, [0] * batch
+    group_of, shared = [0] * batch, [0] * batch
     prefix_ids = torch.zeros((n_groups, prefix), dtype=torch.long, device=device)
     prefix_mask = torch.zeros((n_groups, prefix), dtype=torch.long, device=device)
     for g, (rows, p) in enumerate(groups):
@@ -110,28 +107,21 @@ def plan_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     suffix_ids = torch.zeros((batch, suffix), dtype=torch.long, device=device)
     mask = torch.zeros((batch, prefix + suffix), dtype=torch.long, device=device)
     positions = torch.zeros((batch, suffix), dtype=torch.long, device=device)
-    # Flat results: the prefixes' own predictions (G x (P - 1)), each grouped row's first suffix
-    # id (R), the suffixes' own (B x (S - 1)), and a 0 for positions nothing predicts.
-    boundary: list[tuple[int, int, int]] = []
-    suffix_base = n_groups * (prefix - 1) + sum(g >= 0 for g in group_of)
+    # Flat results: the prefixes' own predictions (G x (P - 1)), each row's first suffix id (B),
+    # the suffixes' own (B x (S - 1)), and a 0 for positions nothing predicts.
+    suffix_base = n_groups * (prefix - 1) + batch
     index = torch.full((batch, width), suffix_base + batch * (suffix - 1), dtype=torch.long, device=device)
     for r, (n, p, g) in enumerate(zip(lengths, shared, group_of)):
         suffix_ids[r, :n - p] = input_ids[r, p:n]
+        mask[r, :p] = 1
         mask[r, prefix:prefix + n - p] = 1
         positions[r] = torch.arange(p, p + suffix, device=device)
-        own = suffix_base + r * (suffix - 1) + torch.arange(n - p - 1, device=device)  # suffix id s -> s + 1
-        if g < 0:
-            index[r, 1:n] = own
-            continue
-        mask[r, :p] = 1
         index[r, 1:p] = g * (prefix - 1) + torch.arange(p - 1, device=device)
-        index[r, p] = n_groups * (prefix - 1) + len(boundary)
-        index[r, p + 1:n] = own
-        boundary.append((g, p, int(input_ids[r, p])))
-    return PrefixPlan(prefix_ids, prefix_mask, suffix_ids, mask, positions,
-                      torch.tensor([max(g, 0) for g in group_of], device=device),
-                      torch.tensor(boundary, dtype=torch.long, device=device).reshape(-1, 3), index,
-                      torch.tensor([g >= 0 for g in group_of], device=device))
+        index[r, p] = n_groups * (prefix - 1) + r
+        index[r, p + 1:n] = suffix_base + r * (suffix - 1) + torch.arange(n - p - 1, device=device)  # s -> s + 1
+    group, shared_t = torch.tensor(group_of, device=device), torch.tensor(shared, device=device)
+    return PrefixPlan(prefix_ids, prefix_mask, suffix_ids, mask, positions, group, shared_t,
+                      input_ids[torch.arange(batch, device=device), shared_t], index)
 
 
 def cascade(model: torch.nn.Module, plan: PrefixPlan, read: Read) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +133,7 @@ def cascade(model: torch.nn.Module, plan: PrefixPlan, read: Read) -> tuple[torch
                          "checkpointing drops in training: turn off model.enable_gradient_checkpointing or it")
     out = model(input_ids=plan.prefix_ids, attention_mask=plan.prefix_mask, use_cache=True)
     cache = out.past_key_values
-    cache.reorder_cache(plan.cache_rows)  # each row's copy of its group's keys and values
+    cache.reorder_cache(plan.group)  # each row's copy of its group's keys and values
     rest = model(input_ids=plan.suffix_ids, attention_mask=plan.attention_mask, position_ids=plan.positions,
                  past_key_values=cache, use_cache=True)
     return read(out), read(rest)
@@ -152,8 +142,7 @@ def cascade(model: torch.nn.Module, plan: PrefixPlan, read: Read) -> tuple[torch
 def assemble(plan: PrefixPlan, prefix: torch.Tensor, suffix: torch.Tensor, score: Score) -> tuple[torch.Tensor, ...]:
     """`score`'s results in the (B, T) layout: position t holds what the state before id t gives
     (the prefix's, the boundary's or the suffix's), 0 where nothing predicts an id."""
-    g, p, nxt = plan.boundary.unbind(-1)
-    parts = (score(prefix[:, :-1], plan.prefix_ids[:, 1:]), score(prefix[g, p - 1], nxt),
+    parts = (score(prefix[:, :-1], plan.prefix_ids[:, 1:]), score(prefix[plan.group, plan.shared - 1], plan.next_ids),
              score(suffix[:, :-1], plan.suffix_ids[:, 1:]))
     outs = []
     for own, first, rest in zip(*parts):
@@ -164,31 +153,35 @@ def assemble(plan: PrefixPlan, prefix: torch.Tensor, suffix: torch.Tensor, score
 
 def shared_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, read: Read,
                    score: Score, unshared: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
-                   packed: bool, min_prefix: int = MIN_SHARED_PREFIX) -> tuple[torch.Tensor, ...]:
+                   min_prefix: int = MIN_SHARED_PREFIX) -> tuple[torch.Tensor, ...]:
     """`score`'s (B, T) results of a right-padded micro-batch with each shared prefix computed once;
     `unshared(ids, mask)` gives them for rows that share nothing (all of them when none do)."""
-    plan = plan_prefixes(input_ids, attention_mask, min_prefix)
-    if plan is None:
+    groups = prefix_groups(input_ids, attention_mask, min_prefix)
+    if not groups:
         return unshared(input_ids, attention_mask)
-    if bool(plan.grouped.all()):
+    grouped = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+    grouped[[r for rows, _ in groups for r in rows]] = True
+    if bool(grouped.all()):
+        plan = plan_prefixes(input_ids, attention_mask, groups)
         return assemble(plan, *cascade(model, plan, read), score)
     # The groups through the cascade, the others through the unshared pass (packed or padded): in
     # the suffix pass a row that shares nothing would widen every row's suffix to its whole length.
+    rows, alone = grouped.nonzero(as_tuple=True)[0], (~grouped).nonzero(as_tuple=True)[0]
+    new = {int(r): i for i, r in enumerate(rows)}  # a row's place among the grouped ones
+    ids, mask = _trimmed(input_ids, attention_mask, rows)
+    plan = plan_prefixes(ids, mask, [([new[r] for r in members], p) for members, p in groups])
     outs = []
-    parts = [(rows, _trimmed(input_ids, attention_mask, rows)) for rows in
-             (plan.grouped.nonzero(as_tuple=True)[0], (~plan.grouped).nonzero(as_tuple=True)[0])]
-    (grouped, (ids, mask)), (alone, (alone_ids, alone_mask)) = parts
-    sub = plan_prefixes(ids, mask, min_prefix)
-    assert sub is not None  # the same groups
-    for shared, own in zip(assemble(sub, *cascade(model, sub, read), score), unshared(alone_ids, alone_mask)):
+    for shared, own in zip(assemble(plan, *cascade(model, plan, read), score),
+                           unshared(*_trimmed(input_ids, attention_mask, alone))):
         out = shared.new_zeros(input_ids.shape)
-        out[grouped, :shared.shape[1]] = shared
-        out[alone, :own.shape[1]] = own
+        out[rows.to(out.device), :shared.shape[1]] = shared
+        out[alone.to(out.device), :own.shape[1]] = own
         outs.append(out)
     return tuple(outs)
 
 
 def _trimmed(input_ids: torch.Tensor, attention_mask: torch.Tensor,
              rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = rows.to(input_ids.device)
     width = int(attention_mask[rows].sum(-1).max())
     return input_ids[rows, :width], attention_mask[rows, :width]
