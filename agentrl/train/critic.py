@@ -19,9 +19,9 @@ from agentrl.config import CriticConfig
 from agentrl.models.lora import is_peft
 from agentrl.train.batch import Batch, micro_batches, mini_batches
 from agentrl.train.forward import ForwardOptions, packed_hidden, unpack_shifted
-from agentrl.train.prefix import shared_forward
 from agentrl.train.numerics import check_grad_norm, check_loss
 from agentrl.train.precision import MasterWeights
+from agentrl.train.prefix import shared_forward
 
 
 class ValueModel(torch.nn.Module):
