@@ -144,6 +144,11 @@ class ActorConfig:
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus (token-mean over generated ids); keeps a policy from
     collapsing onto one action before it has learned which state calls for which."""
+    share_prefixes: bool = False
+    """Prefix-shared training: rows of a micro-batch that start with the same ids (at least 16; a
+    GRPO group's prompt, a history window's instructions) compute them once, forward and backward,
+    for the actor and the reference (a KV-cache cascade, train/prefix.py); results equal the
+    unshared pass's to float rounding. Not with model.enable_gradient_checkpointing."""
 
 
 @dataclass
@@ -171,3 +176,5 @@ class CriticConfig:
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                            "seq-mean-token-sum-norm", "dr-grpo"] = "token-mean"
     """How token value losses are averaged (as actor.loss_agg_mode)."""
+    share_prefixes: bool = False
+    """Compute each prefix the rows of a micro-batch share once, as actor.share_prefixes."""

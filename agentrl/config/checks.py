@@ -129,6 +129,12 @@ def check_model_section(cfg: Config) -> None:
         if "all-linear" in names and len(names) > 1:
             raise ConfigError(f"model.lora.target_modules={names}: all-linear already names every linear "
                               "layer; give it alone or list the layers")
+    sharing = [f"{name}.share_prefixes" for name, role in (("actor", cfg.actor), ("critic", cfg.critic))
+               if role.share_prefixes]
+    if sharing and cfg.model.enable_gradient_checkpointing:
+        # The suffixes read the prefix's KV cache, which transformers drops in checkpointed layers.
+        raise ConfigError(f"{sharing[0]}=true reads a shared prefix's KV cache, which "
+                          "model.enable_gradient_checkpointing=true drops in training; turn one of them off")
 
 
 # ---------------------------------------------------------------------------- engine and serve

@@ -29,7 +29,8 @@ def batch_logprobs(model: torch.nn.Module, batch: Batch, options: ForwardOptions
     for rows in micro_batches(batch.attention_mask, torch.arange(batch.size), options.micro_batch_size,
                               options.max_tokens, options.packed):
         mb = batch.select(rows).to(device)
-        lp = logprobs(model, mb.input_ids, mb.attention_mask, temperature, options.packed)
+        lp = logprobs(model, mb.input_ids, mb.attention_mask, temperature, options.packed,
+                      share_prefixes=options.share_prefixes)
         out[rows, : lp.shape[1]] = lp.float().cpu()
     return out
 
@@ -72,7 +73,7 @@ class Actor:
         self.parallel = parallel  # a data-parallel rank: updates on its share, gradients summed
         self.cfg = cfg
         self.temperature = temperature
-        self.options = ForwardOptions(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, packed)
+        self.options = ForwardOptions(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, packed, cfg.share_prefixes)
         # seq-mean-token-sum-norm and dr-grpo divide by a constant: the configured one or the longest reply.
         self.horizon = cfg.loss_scale_factor or horizon
         self.master = MasterWeights([p for p in model.parameters() if p.requires_grad])
@@ -162,7 +163,8 @@ class Actor:
         w = weights[rows, : mb.input_ids.shape[1]].to(self.device) if weights is not None else None
         forward = self.parallel.module if self.parallel is not None else self.model
         logp, entropy = logprobs(forward, mb.input_ids, mb.attention_mask, self.temperature,
-                                 self.options.packed, with_entropy=True, entropy_grad=bool(cfg.entropy_coeff))
+                                 self.options.packed, with_entropy=True, entropy_grad=bool(cfg.entropy_coeff),
+                                 share_prefixes=self.options.share_prefixes)
         loss, pg = get_policy_loss(cfg.policy_loss.loss_mode)(
             logp, mb.old_logprobs, mb.advantages, mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
             cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w, config=cfg.policy_loss, **agg)

@@ -21,6 +21,7 @@ from agentrl.train.batch import Batch, micro_batches, mini_batches
 from agentrl.train.forward import ForwardOptions, packed_hidden, unpack_shifted
 from agentrl.train.numerics import check_grad_norm, check_loss
 from agentrl.train.precision import MasterWeights
+from agentrl.train.prefix import shared_forward
 
 
 class ValueModel(torch.nn.Module):
@@ -36,15 +37,23 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False,
+                share_prefixes: bool = False) -> torch.Tensor:
         """Values (B, T): the value of the prefix before each token (0 at position 0); `packed`
-        runs the body over one packed row (see train/forward.py)."""
+        runs the body over one packed row, `share_prefixes` computes each prefix rows share once
+        (see train/forward.py)."""
+        if share_prefixes:
+            return shared_forward(self.body, input_ids, attention_mask, lambda o: o.last_hidden_state,
+                                  lambda hidden, _: (self._head(hidden),),
+                                  lambda ids, mask: (self(ids, mask, packed),))[0]
         if packed:
             hidden, positions, where = packed_hidden(self.body, input_ids, attention_mask)
-            return unpack_shifted(self.head(hidden.float()).squeeze(-1), positions, where)
+            return unpack_shifted(self._head(hidden), positions, where)
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        v = self.head(hidden.float()).squeeze(-1)[:, :-1]
-        return torch.nn.functional.pad(v, (1, 0))
+        return torch.nn.functional.pad(self._head(hidden)[:, :-1], (1, 0))
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden.float()).squeeze(-1)
 
 
 class Critic:
@@ -54,7 +63,7 @@ class Critic:
         self.model = model
         self.cfg = cfg
         self.horizon = horizon
-        self.options = ForwardOptions(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, packed)
+        self.options = ForwardOptions(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, packed, cfg.share_prefixes)
         self.master = MasterWeights([p for p in model.parameters() if p.requires_grad])  # as the actor's
         self.optimizer = torch.optim.AdamW(self.master.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
@@ -70,7 +79,7 @@ class Critic:
         out = torch.zeros_like(batch.loss_mask)
         for rows in self._micro_batches(batch, torch.arange(batch.size)):
             mb = batch.select(rows).to(self.device)
-            v = self.model(mb.input_ids, mb.attention_mask, self.options.packed)
+            v = self.model(mb.input_ids, mb.attention_mask, self.options.packed, self.options.share_prefixes)
             out[rows, : v.shape[1]] = (v * mb.loss_mask).cpu()
         return out
 
@@ -92,7 +101,7 @@ class Critic:
                 self.optimizer.zero_grad(set_to_none=True)
                 for rows in self._micro_batches(batch, mini):
                     mb = batch.select(rows).to(self.device)
-                    v = self.model(mb.input_ids, mb.attention_mask, self.options.packed)
+                    v = self.model(mb.input_ids, mb.attention_mask, self.options.packed, self.options.share_prefixes)
                     loss, vs = value_loss(v, mb.values, mb.returns, mb.loss_mask, cfg.cliprange_value,
                                           cfg.loss_agg_mode, n_tokens, n_seqs, self.horizon)
                     value = float(loss.detach())

@@ -7,7 +7,8 @@ at 0 for each sequence and no attention mask, so transformers keeps the sequence
 block-diagonal causal mask for sdpa/eager, variable-length kernels for flash attention) and no
 padding id is computed. Either way the results come back in the padded (B, T) layout that
 losses, advantages and metrics use: position t holds what predicts token t from the ids before
-it, and 0 at each sequence's first position.
+it, and 0 at each sequence's first position. With `share_prefixes` (actor.share_prefixes,
+critic.share_prefixes), rows that start with the same ids compute them once (train/prefix.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from agentrl.train.prefix import shared_forward
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class ForwardOptions:
     micro_batch_size: int  # rows per pass, without a token budget
     max_tokens: int = 0  # token budget per pass (0: micro_batch_size rows); see batch.micro_batches
     packed: bool = False  # one packed row per pass (model.use_remove_padding)
+    share_prefixes: bool = False  # each prefix rows share computed once per pass (train/prefix.py)
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -50,11 +54,24 @@ def _entropy(logp_all: torch.Tensor, grad: bool) -> torch.Tensor:
 
 
 def logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
-             packed: bool, with_entropy: bool = False, entropy_grad: bool = True):
-    """`token_logprobs` of a right-padded micro-batch, through the padded or the packed pass."""
-    if packed:
-        return packed_logprobs(model, input_ids, attention_mask, temperature, with_entropy, entropy_grad)
-    return token_logprobs(model, input_ids, attention_mask, temperature, with_entropy, entropy_grad)
+             packed: bool, with_entropy: bool = False, entropy_grad: bool = True, share_prefixes: bool = False):
+    """`token_logprobs` of a right-padded micro-batch, through the padded or the packed pass,
+    each shared prefix computed once with `share_prefixes`."""
+    def unshared(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        run = packed_logprobs if packed else token_logprobs
+        out = run(model, ids, mask, temperature, with_entropy, entropy_grad)
+        return out if with_entropy else (out,)
+
+    def score(logits: torch.Tensor, nxt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+        logp = logp_all.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
+        return (logp, _entropy(logp_all, entropy_grad)) if with_entropy else (logp,)
+
+    if share_prefixes:
+        out = shared_forward(model, input_ids, attention_mask, lambda o: o.logits, score, unshared)
+    else:
+        out = unshared(input_ids, attention_mask)
+    return out if with_entropy else out[0]
 
 
 def packed_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

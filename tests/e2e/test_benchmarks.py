@@ -29,7 +29,15 @@ def _gpu_suite(summary: dict) -> None:
     assert shape["staleness"]["k0_step_seconds"] > 0 and shape["staleness"]["k1_step_seconds"] > 0
 
 
-CHECKS = {"gpu_suite": _gpu_suite}  # what a script's summary must hold beyond being one
+def _prefix_sharing(summary: dict) -> None:
+    """Every workload's groups share prefixes: fewer ids computed, the same logprobs and loss."""
+    assert set(summary["workloads"]) == {"frozen_lake", "math_retry", "window"}
+    for r in summary["workloads"].values():
+        assert r["ids_ratio"] < 1 and r["activation_ratio"] < 1
+        assert r["max_logprob_diff"] < 1e-4 and r["loss_diff"] < 1e-5
+
+
+CHECKS = {"gpu_suite": _gpu_suite, "prefix_sharing": _prefix_sharing}  # what a script's summary must hold beyond being one
 
 
 @pytest.mark.slow

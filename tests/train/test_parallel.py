@@ -27,13 +27,16 @@ class _Vocab:  # what build_model reads of a tokenizer
         return 300
 
 
-def _batch(rows: int, seed: int = 0) -> Batch:
-    """Right-padded sequences with generated spans and non-zero advantages."""
+def _batch(rows: int, seed: int = 0, prompt: int = 0) -> Batch:
+    """Right-padded sequences with generated spans and non-zero advantages; the first `prompt`
+    ids are every row's."""
     g = torch.Generator().manual_seed(seed)
-    width = 12
-    lengths = torch.randint(6, width + 1, (rows,), generator=g)
+    width = 12 + prompt
+    lengths = torch.randint(6 + prompt, width + 1, (rows,), generator=g)
     attn = (torch.arange(width)[None] < lengths[:, None]).long()
-    ids = torch.randint(3, 300, (rows, width), generator=g) * attn
+    ids = torch.randint(3, 300, (rows, width), generator=g)
+    ids[:, :prompt] = ids[0, :prompt]
+    ids = ids * attn
     mask = ((torch.arange(width)[None] >= 3) & attn.bool()).float()
     zeros = torch.zeros(rows, width)
     return Batch(ids, attn, mask, zeros.clone(), zeros.clone(), torch.zeros(rows, width, dtype=torch.long),
@@ -45,19 +48,21 @@ def _actor(cfg: ActorConfig) -> Actor:
     return Actor(build_model(SHAPE, _Vocab(), seed=0), cfg, temperature=1.0, horizon=10.0)
 
 
-CASES = [  # (loss_agg_mode, rows); mini-batches of 4 rows
-    ("token-mean", 4),  # one mini-batch, split between the ranks
-    ("seq-mean-token-sum-norm", 1),  # rank 1 has no row: it joins the all-reduce with a zero-weighted pass
-    ("token-mean", 7),  # two optimizer steps (gradients compared at the last)
+CASES = [  # (loss_agg_mode, rows, shared prompt); mini-batches of 4 rows
+    ("token-mean", 4, 0),  # one mini-batch, split between the ranks
+    ("seq-mean-token-sum-norm", 1, 0),  # rank 1 has no row: it joins the all-reduce with a zero-weighted pass
+    ("token-mean", 7, 0),  # two optimizer steps (gradients compared at the last)
+    ("token-mean", 4, 20),  # actor.share_prefixes: each rank's two rows compute their prompt once
 ]
 
 
-def _config(mode: str) -> ActorConfig:
-    return ActorConfig(ppo_mini_batch_size=4, micro_batch_size=1, loss_agg_mode=mode, lr=1e-2)
+def _config(mode: str, prompt: int = 0) -> ActorConfig:
+    return ActorConfig(ppo_mini_batch_size=4, micro_batch_size=1 if not prompt else 2, loss_agg_mode=mode, lr=1e-2,
+                       share_prefixes=bool(prompt))
 
 
-def _update(actor: Actor, rows: int) -> dict:
-    batch = _batch(rows)
+def _update(actor: Actor, rows: int, prompt: int = 0) -> dict:
+    batch = _batch(rows, prompt=prompt)
     batch.old_logprobs = actor.compute_logprobs(batch) - 0.05  # ratios off 1: the clip is exercised
     stats = actor.update_stats(batch)
     grads = {n: p.grad.clone() for n, p in actor.model.named_parameters()}  # the last mini-batch's, clipped
@@ -70,10 +75,10 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     results = []
-    for mode, rows in CASES:
-        actor = _actor(_config(mode))
+    for mode, rows, prompt in CASES:
+        actor = _actor(_config(mode, prompt))
         actor.parallel = DataParallel(actor.model, rank, world)
-        results.append(_update(actor, rows))
+        results.append(_update(actor, rows, prompt))
     torch.save(results, f"{out}/rank{rank}.pt")
     leave_rank()
 
@@ -88,9 +93,9 @@ def test_two_ranks_update_as_one_worker_on_the_whole_batch(tmp_path):
     torch.set_num_threads(1)
     mp.spawn(_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2)
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    for case, (mode, rows) in enumerate(CASES):
-        single = _actor(_config(mode))
-        one = _update(single, rows)
+    for case, (mode, rows, prompt) in enumerate(CASES):
+        single = _actor(_config(mode))  # one worker, no sharing
+        one = _update(single, rows, prompt)
         ranks = [results[case] for results in per_rank]
         got, want = merge_stats([r["stats"] for r in ranks]), merge_stats([one["stats"]])
         assert got["loss/policy"] == pytest.approx(want["loss/policy"], rel=1e-5, abs=1e-7), (mode, rows)
