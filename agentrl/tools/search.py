@@ -119,7 +119,7 @@ def _load(path: Path, root: Path) -> SearchIndex:
     if folder.is_dir():
         try:
             return SearchIndex(documents, bm25s.BM25.load(str(folder)), folder, built=False)
-        except (OSError, ValueError, KeyError):  # a damaged entry: built again below
+        except Exception:  # noqa: BLE001 (a damaged entry, whatever bm25s raises for it: built again below)
             shutil.rmtree(folder, ignore_errors=True)
     tokens = bm25s.tokenize([f"{d.title}\n{d.text}" for d in documents], stopwords="en", show_progress=False)
     retriever = bm25s.BM25()
