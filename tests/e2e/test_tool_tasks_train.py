@@ -61,8 +61,10 @@ def test_tool_search_config_calls_the_search_tool(tmp_path):
     evals = [r for r in rows if "eval/multihop/success" in r]
     assert evals and all(0 < r["eval/baseline_random_answer"] < 0.1 for r in evals)
     answers = _tool_answers(run)
-    # search found documents of the world: "<title>: <title> is a company founded by ..." or a person's
-    assert any(" is a company founded by " in a or " reports to the manager " in a for a in answers), answers[:4]
+    # the search tool itself answered (a document of the world, or no match for a misspelt name),
+    # not the agent's error for a malformed call
+    assert any(" is a company founded by " in a or " reports to the manager " in a or a.startswith("No document")
+               for a in answers), answers[:4]
 
 
 def test_tool_search_config_without_tools_is_the_no_tool_baseline(tmp_path):
