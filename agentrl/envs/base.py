@@ -14,7 +14,9 @@ class Env(Protocol):
     env can compute it); `step` takes the model's raw reply and returns
     `(observation, reward, terminated, truncated, info)`. Any string is a valid argument to
     `step`: a reply that cannot be parsed is a normal step with a format penalty, never an
-    exception. `info["success"]` is set on the step that ends the episode.
+    exception. `info["success"]` is set on the step that ends the episode. Optional: an env
+    whose task needs tools may add `demonstration(rng, tools)`, the warm start's replies of one
+    step when the agent offers `tools` (tool calls, then the action: rollout/demos.py).
     """
 
     #: What the agent tells the model before the first observation (task and reply format).

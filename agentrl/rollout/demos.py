@@ -9,10 +9,10 @@ An env whose task needs tools may demonstrate their use: `env.demonstration(rng,
 the replies of one env step when the agent offers the tools named in `tools`: tool calls, each
 a dict `{"name": ..., "arguments": {...}}` that the client writes in the model's own format (a
 `<tool_call>` block, `llm/tool_calls.py`), then the action (a string). The client answers the
-episode's next prompts with them in order: the tool agent runs each call and answers it with the tool's real
-output before the next reply, so a demonstration holds the call, the tool's answer and the
-action that uses it. An env without `demonstration` (or one offered no tools) answers with
-`sample_action` alone. A demonstration must make no more calls than the agent's `max_tool_calls`.
+episode's next prompts with them in order: the tool agent runs each call and answers it with
+the tool's real output before the next reply, so a demonstration holds the call, the tool's
+answer and the action that uses it. An env without `demonstration` (or one offered no tools)
+answers with `sample_action` alone. A demonstration makes at most the agent's `max_tool_calls`.
 """
 
 from __future__ import annotations
