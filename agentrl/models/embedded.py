@@ -23,7 +23,7 @@ from agentrl.models.loading import load_pretrained, save_pretrained
 from agentrl.registry import AGENTS, ENVS, Registry, load_builtins
 from agentrl.tokenizer import Tokenizer
 
-WARM_START_VERSION = 12  # bump when the warm-start recipe changes, to invalidate cached models
+WARM_START_VERSION = 11  # bump when the warm-start recipe changes, to invalidate cached models
 
 
 def cache_root(cfg: Config) -> Path:

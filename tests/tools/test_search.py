@@ -106,3 +106,16 @@ def test_the_tool_agent_refuses_a_bad_corpus_before_any_work(tmp_path):
     with pytest.raises(ValueError, match=r"docs.jsonl line 1 has no string \"text\""):
         ToolAgent(None, SamplingParams(), max_turns=1, tools=["search"],
                   tool_args={"search": {"corpus": str(corpus), "cache_dir": str(tmp_path / "cache")}})
+
+
+def test_agentrl_plan_names_the_bad_corpus_line_not_the_tool_list(tmp_path, capsys):
+    from agentrl.cli import main
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps(DOCS[0]) + "\n" + '{"title": "no text"}\n')
+    code = main(["plan", "configs/tool_search.yaml", f"env.args.corpus_path={tmp_path / 'world.jsonl'}",
+                 f"agent.args.tool_args.search.corpus={corpus}",
+                 f"agent.args.tool_args.search.cache_dir={tmp_path / 'cache'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f'{corpus} line 2 has no string "text"' in err[0] and "tools=" not in err[0]
