@@ -63,7 +63,7 @@ SYLLABLES = ("ka", "lo", "mir", "ven", "tas", "dor", "qui", "bel", "nor", "sul",
 CITY_ENDS = ("ford", "holm", "mere", "gate", "wick", "stead")
 KINDS = ("manager", "birthplace")
 SIZE_MAX = 5_000  # the invented names run out beyond (27,000 three-syllable words)
-_WRITTEN: set[tuple[str, str]] = set()  # (corpus path, content digest) this process wrote or found in place
+_WRITTEN: set[tuple] = set()  # (corpus path, content digest, file stamp) this process wrote or found in place
 _WRITE_LOCK = threading.Lock()
 
 
@@ -118,10 +118,11 @@ def make_world(seed: int, n_companies: int, n_people: int, n_cities: int) -> Wor
 
 
 def write_corpus(world: World, path: Path) -> None:
-    """Write the world's documents to `path` unless they are there already (once per process)."""
+    """Write the world's documents to `path` unless they are there already (read once per
+    process while the file keeps its size and time: an env is built per episode)."""
     text = world.corpus_text()
-    key = (str(path), hashlib.sha256(text.encode()).hexdigest())
     with _WRITE_LOCK:
+        key = (str(path.resolve()), hashlib.sha256(text.encode()).hexdigest(), _stamp(path))
         if key in _WRITTEN:
             return
         try:
@@ -134,7 +135,16 @@ def write_corpus(world: World, path: Path) -> None:
                 write_atomic(path, text)
             except OSError as e:
                 raise ConfigError(f"multihop: corpus_path={str(path)!r} cannot be written ({e.strerror})") from None
-        _WRITTEN.add(key)
+        _WRITTEN.add((*key[:2], _stamp(path)))
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """The file's modification time and size, None when it is missing."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
 
 
 class MultihopEnv:

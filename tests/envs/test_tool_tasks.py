@@ -49,6 +49,21 @@ def test_multihop_world_and_corpus_come_from_the_seed_and_search_finds_each_hop(
         assert f"born in {w.born[founder]}." in person.text
 
 
+def test_multihop_writes_its_corpus_again_when_it_is_gone(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus.jsonl"
+    MultihopEnv(n_companies=5, n_people=8, corpus_path=str(corpus))
+    written = corpus.read_text()
+    corpus.unlink()  # a run folder cleaned, or the same relative path in another folder
+    MultihopEnv(n_companies=5, n_people=8, corpus_path=str(corpus))
+    assert corpus.read_text() == written
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    MultihopEnv(n_companies=5, n_people=8, corpus_path="world.jsonl")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    MultihopEnv(n_companies=5, n_people=8, corpus_path="world.jsonl")
+    assert (tmp_path / "elsewhere" / "world.jsonl").read_text() == written
+
+
 async def test_multihop_grades_the_name_folding_case_and_spaces():
     env = MultihopEnv(n_companies=5, n_people=8, n_cities=3)
     question, info = await env.reset(seed=7)
