@@ -247,6 +247,7 @@ class ToolAgent:
 def resolve_tools(names: Sequence[str], tool_args: dict[str, dict] | None) -> dict[str, Tool]:
     """The named registered tools with their settings from `tool_args` (one-line errors naming the key)."""
     import agentrl.tools.python  # noqa: F401 (registers the built-in tools)
+    import agentrl.tools.search  # noqa: F401
 
     if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"tools={names!r} is not a list of tool names (known: {', '.join(TOOLS.names())})")

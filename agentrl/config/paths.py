@@ -23,6 +23,11 @@ NAME_MAX = 255  # bytes of one file name (Linux, macOS)
 PATH_MAX = 4000  # bytes of a whole path, under Linux's 4096 with room for what a run adds inside
 
 
+def cache_home() -> Path:
+    """The default root of agentrl's caches: $AGENTRL_CACHE, else ~/.cache/agentrl."""
+    return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl").expanduser()
+
+
 def user_path(value: str, name: str) -> Path:
     """`value` as a path (`~` expanded), or a one-line ConfigError naming `name` and the problem."""
     if not value.strip():

@@ -17,7 +17,9 @@ class Env(Protocol):
     exception. `info["success"]` is set on the step that ends the episode.
 
     Optional: `needs_tools = True` declares a task that cannot be solved without the tool agent's
-    tools (the `reward_without_tools` collapse alarm watches it; agentrl/health.py).
+    tools (the `reward_without_tools` collapse alarm watches it; agentrl/health.py), and
+    `demonstration(rng, tools)` gives the warm start's replies of one step when the agent offers
+    `tools` (tool calls, then the action: rollout/demos.py).
     """
 
     #: What the agent tells the model before the first observation (task and reply format).

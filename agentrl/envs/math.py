@@ -46,6 +46,7 @@ synthetic: `min_operand`, `max_operand` (operand size), `num_ops` (operations pe
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import Counter
 from typing import Any
@@ -83,6 +84,19 @@ def evaluate(operands: list[int], operators: list[str]) -> int:
             terms.append(x)
             signs.append(1 if op == "+" else -1)
     return sum(s * t for s, t in zip(signs, terms))
+
+
+@functools.lru_cache(maxsize=64)
+def answer_range(min_operand: int, max_operand: int, num_ops: int, ops: str) -> tuple[int, int]:
+    """Smallest and largest answer of these synthetic problems (see MathEnv.answer_range); computed
+    once per process: `sample_action` asks for it at every demonstrated reply, 64 times for its entropy."""
+    if "*" in ops:
+        values = [int(arithmetic_problem(random.Random(k), min_operand, max_operand, num_ops, ops)[1])
+                  for k in range(512)]
+        return min(values), max(values)
+    low = min(min_operand if op == "+" else -max_operand for op in ops)
+    high = max(max_operand if op == "+" else -min_operand for op in ops)
+    return min_operand + num_ops * low, max_operand + num_ops * high
 
 
 def load_problems(path: str, question_key: str = "question", answer_key: str = "answer") -> list[tuple[str, str]]:
@@ -172,12 +186,7 @@ class MathEnv:
     def answer_range(self) -> tuple[int, int]:
         """Smallest and largest answer of the synthetic problems (exact for sums and
         differences, sampled over 512 problems when products are involved)."""
-        if "*" in self.ops:
-            values = [int(self._problem(k)[1]) for k in range(512)]
-            return min(values), max(values)
-        low = min(self.min_operand if op == "+" else -self.max_operand for op in self.ops)
-        high = max(self.max_operand if op == "+" else -self.min_operand for op in self.ops)
-        return self.min_operand + self.num_ops * low, self.max_operand + self.num_ops * high
+        return answer_range(self.min_operand, self.max_operand, self.num_ops, self.ops)
 
     def eval_baselines(self, trajectories: list) -> dict[str, float]:
         """The most frequent right answer among the evaluated questions, given to every one of them

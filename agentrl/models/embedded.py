@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config, to_dict
+from agentrl.config.paths import cache_home
 from agentrl.errors import ConfigError
 from agentrl.models.loading import load_pretrained, save_pretrained
 from agentrl.registry import AGENTS, ENVS, Registry, load_builtins
@@ -28,8 +28,7 @@ WARM_START_VERSION = 11  # bump when the warm-start recipe changes, to invalidat
 
 def cache_root(cfg: Config) -> Path:
     """Where warm-started tiny models are cached."""
-    root = cfg.model.cache_dir or os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl"
-    return Path(root).expanduser()
+    return Path(cfg.model.cache_dir).expanduser() if cfg.model.cache_dir else cache_home()
 
 
 def tiny_cache_key(cfg: Config, tokenizer: Tokenizer | None = None) -> str:

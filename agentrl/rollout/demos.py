@@ -4,6 +4,15 @@ A `ScriptedClient` stands in for the engine and answers every prompt with a well
 carrying a uniformly random valid action in the episode's current state (`env.sample_action`).
 Running the ordinary agent with it yields trajectories in exactly the token layout training
 uses, for the warm start.
+
+An env whose task needs tools may demonstrate their use: `env.demonstration(rng, tools)` gives
+the replies of one env step when the agent offers the tools named in `tools`: tool calls, each
+a dict `{"name": ..., "arguments": {...}}` that the client writes in the model's own format (a
+`<tool_call>` block, `llm/tool_calls.py`), then the action (a string). The client answers the
+episode's next prompts with them in order: the tool agent runs each call and answers it with
+the tool's real output before the next reply, so a demonstration holds the call, the tool's
+answer and the action that uses it. An env without `demonstration` (or one offered no tools)
+answers with `sample_action` alone. A demonstration makes at most the agent's `max_tool_calls`.
 """
 
 from __future__ import annotations
@@ -11,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from agentrl.llm.engine import Completion, SamplingParams, episode_key
+from agentrl.llm.tool_calls import call_text
 from agentrl.rollout.collector import CollectResult, GuardedEnv, check_failed, guarded
 from agentrl.rollout.loop_thread import LoopThread
 from agentrl.tokenizer import Tokenizer
@@ -31,18 +41,22 @@ class ScriptedClient:
     def __init__(self, tokenizer: Tokenizer, make_env: Callable[[], Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self._make_env = make_env
-        self._envs: dict[asyncio.Task, Any] = {}
+        self._envs: dict[asyncio.Task, tuple[Any, tuple[str, ...]]] = {}  # episode -> (env, tools offered)
+        self._queued: dict[asyncio.Task, list[str]] = {}  # episode -> the rest of its step's demonstration
         self.reply_entropy = 0.0
 
     def env_factory(self) -> Any:
         """A fresh env, remembered as the one the calling episode plays."""
         return self.wrap(self._make_env)()
 
-    def wrap(self, make_env: Callable[[], Any]) -> Callable[[], Any]:
-        """An env factory like `make_env` whose envs this client answers for (one per tag)."""
+    def wrap(self, make_env: Callable[[], Any], tools: Sequence[str] = ()) -> Callable[[], Any]:
+        """An env factory like `make_env` whose envs this client answers for (one per tag);
+        `tools`: the tools the tag's agent offers, which demonstrations may call."""
         def factory() -> Any:
             env = make_env()
-            self._envs[asyncio.current_task()] = env
+            key = asyncio.current_task()
+            self._envs[key] = (env, tuple(tools))
+            self._queued.pop(key, None)  # a retried episode starts its demonstration again
             return env
 
         return factory
@@ -51,15 +65,38 @@ class ScriptedClient:
         """Start a new entropy sum (and forget finished episodes)."""
         self.reply_entropy = 0.0
         self._envs = {t: e for t, e in self._envs.items() if not t.done()}
+        self._queued = {t: q for t, q in self._queued.items() if not t.done()}
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
-        """Answer with a random valid action of the episode's env (seeded by the request)."""
-        env = self._envs[episode_key()]  # the episode's task (sessions generate from another one)
-        reply = env.sample_action(random.Random(sampling.seed))
-        self.reply_entropy += state_entropy(env.sample_action)
+        """Answer with the next reply of the env's demonstration (a random valid action, after the
+        tool calls the env demonstrates), seeded by the request."""
+        key = episode_key()  # the episode's task (sessions generate from another one)
+        env, tools = self._envs[key]
+        queued = self._queued.get(key)
+        if queued:
+            reply = queued.pop(0)
+        else:
+            replies = demonstration(env, random.Random(sampling.seed), tools)
+            reply, self._queued[key] = replies[0], replies[1:]
+            # The entropy of the whole step's choice, counted once at its first reply.
+            self.reply_entropy += state_entropy(lambda rng: "\n".join(demonstration(env, rng, tools)))
         ids = self.tokenizer.encode(reply, add_special_tokens=False)
         ids.append(self.tokenizer.eos_token_id)
         return Completion(ids, [0.0] * len(ids), "stop")
+
+
+def demonstration(env: Any, rng: random.Random, tools: Sequence[str]) -> list[str]:
+    """The replies of one env step of a demonstration: `env.demonstration(rng, tools)` (tool
+    calls written as the model writes them, then the action) where the env has it and tools are
+    offered, else `[env.sample_action(rng)]`."""
+    demo = getattr(env, "demonstration", None)
+    steps = list(demo(rng, tuple(tools))) if tools and callable(demo) else [env.sample_action(rng)]
+    replies = [call_text(s["name"], s.get("arguments", {})) if isinstance(s, dict) and isinstance(s.get("name"), str)
+               else s for s in steps]
+    if not replies or not all(isinstance(r, str) for r in replies) or not isinstance(steps[-1], str):
+        raise TypeError(f"{type(env).__name__}.demonstration returned {steps!r}; expected a list of tool calls "
+                        '({"name": ..., "arguments": {...}}) ending with the action (a string)')
+    return replies
 
 
 def state_entropy(sample_action: Callable[[random.Random], str], n: int = 64) -> float:

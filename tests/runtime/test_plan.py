@@ -59,8 +59,12 @@ def test_plan_of_every_shipped_config_says_what_the_run_is_made_of_and_builds_no
         assert f"{tag} x{n}" in out
     assert re.search(rf"^  runtime +{cfg.runtime.kind},", out, re.M)
     assert f"{cfg.algorithm.adv_estimator}, loss mode" in out
-    # Nothing built: no model cached or warm-started, no run folder made.
-    assert list(tmp_path.iterdir()) == [] and "warm start" not in err and "building" not in err, err
+    # Nothing built: no model cached or warm-started, no run folder made. An env that writes its
+    # data when built and a tool that indexes it do: multihop's corpus, the search tool's index.
+    made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    data = [p for p in made if p == "runs/multihop/corpus-0.jsonl" or p.startswith("cache/search/")]
+    assert (made == data) if config.stem == "tool_search" else made == [], made
+    assert "warm start" not in err and "building" not in err, err
 
 
 def test_plan_takes_overrides_and_the_hydra_style_options_and_prints_json(capsys):

@@ -91,8 +91,10 @@ def build_tiny(run_plan: RunPlan, log: Callable[[str], None], tokenizer: Tokeniz
     client = ScriptedClient(tokenizer)
     budget = make_budget(run_plan, model_context(model))
     # Demonstrations play the user's envs as training does: timeouts, retries, failures recorded.
-    collector = make_collector(run_plan, tokenizer, client, budget, model_vocab(model), factories=shown,
-                               wrap=client.wrap)
+    # A tag whose agent offers tools is demonstrated calling them, where its env shows how.
+    offered = {t.tag: tool_names(t.agent_args) for t in run_plan.tags}
+    collector = make_collector(run_plan, tokenizer, client, budget, model_vocab(model),
+                               factories={tag: client.wrap(f, offered[tag]) for tag, f in shown.items()})
     ws = m.warm_start
     demo_tags = [mix[i * len(mix) // ws.batch_size] for i in range(ws.batch_size)]  # the batch's mix
 
@@ -111,3 +113,9 @@ def build_tiny(run_plan: RunPlan, log: Callable[[str], None], tokenizer: Tokeniz
     left_out = f"; {len(failed)} demonstration attempts failed (first: {failed[0]})" if failed else ""
     log(f"warm start done: {stats['steps']} steps, loss {stats['loss']:.4f} (floor {stats['floor']:.4f}){left_out}")
     return model, tokenizer
+
+
+def tool_names(agent_args: dict[str, Any]) -> tuple[str, ...]:
+    """The tools an agent's args offer (`tools`, the tool agent's), or none."""
+    tools = agent_args.get("tools")
+    return tuple(t for t in tools if isinstance(t, str)) if isinstance(tools, (list, tuple)) else ()

@@ -135,9 +135,11 @@ def _check_tag_args(cfg: Config, tag: TagPlan, stand_in: StandInTokenizer) -> No
     args = tag.agent_args
     if error is None or not args or _build_error(cfg, tag, {}, stand_in) is not None:
         return  # fine, or the stand-in tokenizer is not enough to judge: the real build will tell
-    for name, value in args.items():  # the one argument that fails on its own, if any
+    for name, value in args.items():  # the one argument that fails on its own the same way, if any
         alone = _build_error(cfg, tag, {name: value}, stand_in)
-        if alone is not None:
+        # The same refusal alone: this argument is the culprit (a tool whose required setting is
+        # missing without its tool_args fails alone too, but for another reason).
+        if alone is not None and alone == error:
             raise ConfigError(f"{tag.agent_section}.args.{name}={shown(value)} is rejected by agent type "
                               f"'{tag.agent_type}': {alone.split(': ', 1)[-1]}")
     raise ConfigError(error)  # only the arguments together are rejected
