@@ -150,6 +150,8 @@ def _stamp(path: Path) -> tuple[int, int] | None:
 class MultihopEnv:
     """One two-hop question about an invented world per episode; its answer is a name."""
 
+    needs_tools = True  # facts the model cannot know: the reward_without_tools alarm watches it
+
     def __init__(self, world_seed: int = 0, n_companies: int = 200, n_people: int = 300, n_cities: int = 20,
                  corpus_path: str | None = None) -> None:
         limits = dict(world_seed=(world_seed, 0, 2**31), n_companies=(n_companies, 1, SIZE_MAX),

@@ -37,6 +37,8 @@ QUESTION = "What is "
 class ProductsEnv(MathEnv):
     """What is A * B? (three-digit factors by default), answered as <answer>N</answer>."""
 
+    needs_tools = True  # beyond the embedded model's head: the reward_without_tools alarm watches it
+
     def __init__(self, min_operand: int = 100, max_operand: int = 999, correct_reward: float = 1.0,
                  wrong_reward: float = 0.0, format_penalty: float = -0.1, timeout: float = 5.0) -> None:
         super().__init__(min_operand=min_operand, max_operand=max_operand, num_ops=1, ops="*",
