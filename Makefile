@@ -46,8 +46,12 @@ vllm: $(VLLM_STAMP)
 demo: $(CORE)
 	$(BIN)/agentrl train $(ARGS)
 
-test: $(DEV) browser sandbox
-	$(BIN)/python -m pytest -q $(ARGS)
+# The suite on TEST_WORKERS processes (pytest-xdist): each module runs whole on one worker, the
+# longest first (tests/conftest.py). TEST_WORKERS=0 runs it in this one process. The vLLM
+# environment is built too, so the suite runs engine.kind=vllm against the real server.
+TEST_WORKERS ?= 2
+test: $(DEV) browser sandbox vllm
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(ARGS)
 
 # The viewer's browser test drives Debian's headless Chromium. Installing it needs root and apt,
 # so this step never fails the build: without a browser that one test skips and says why.

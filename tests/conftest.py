@@ -2,6 +2,7 @@
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +27,27 @@ settings.load_profile("agentrl")
 # here is reset to the default in each child, so they behave as under a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# `make test` runs the suite on 2 workers (pytest-xdist, `--dist loadscope`): each module runs whole
+# on one worker (its module fixtures, a Ray cluster among them, are built once), and modules are
+# handed out in collection order. The longest modules, by their measured times, are collected
+# first, so that none starts last and runs alone while the other worker idles. A module missing
+# from this list only costs time; the order within a module is never changed.
+LONGEST_FIRST = [
+    "e2e/test_run_folder.py", "runtime/test_ray_runtime.py", "e2e/test_vllm_train.py", "llm/test_vllm_engine.py",
+    "e2e/test_benchmarks.py", "e2e/test_misbehaving_run.py", "e2e/test_vllm_launch.py",
+    "e2e/test_resume.py", "seeds/test_seed_style.py", "e2e/test_faults.py", "e2e/test_train.py", "e2e/test_observe.py",
+    "e2e/test_qwen_shape.py", "e2e/test_serve_train.py", "runtime/test_plan.py", "e2e/test_async.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the longest modules first (see LONGEST_FIRST); a plain run keeps its order."""
+    if not hasattr(config, "workerinput"):  # set in an xdist worker only
+        return
+    rank = {str(Path(__file__).parent / name): i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # a stable sort
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -199,6 +199,9 @@ def check_vllm(cfg: Config) -> None:
                               "renormalised distribution and the trainer's of the whole one (a gap the importance "
                               "ratios would take for policy drift); use rollout.top_p=1.0 and rollout.top_k=-1, "
                               "or engine.kind=local")
+    if v.weight_transfer == "nccl" and cfg.device == "cpu":
+        raise ConfigError("engine.vllm.weight_transfer=nccl broadcasts from the trainer's GPU, and device=cpu: use "
+                          "engine.vllm.weight_transfer=file (or device=cuda on a GPU machine)")
     if cfg.model.lora.rank > VLLM_LORA_RANK_MAX:
         raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with engine.kind=vllm: vLLM serves adapters of "
                           f"rank at most {VLLM_LORA_RANK_MAX}")

@@ -28,6 +28,12 @@ class VllmConfig:
     startup_timeout: float = 900.0
     """Seconds each server may take to answer /health (a first start on a CPU compiles and loads
     for minutes); past it the server is stopped and the run ends in one line naming its log."""
+    weight_transfer: Literal["file", "nccl"] = "file"
+    """How weights reach the servers at each sync. file: agentrl's transport, a safetensors file
+    in the servers' weights folder loaded by a worker extension (any device; put
+    engine.weights_dir on tmpfs on a GPU machine); nccl: vLLM's own NCCL engine, the trainer
+    broadcasting each tensor from its GPU into the servers' (CUDA in both; written from vLLM's
+    code, not run in this project: docs/engines.md)."""
     probe_tolerance: float = 1e-3
     """After each weight sync every server scores fixed ids and the run compares its logprobs with
     the trainer's: a gap larger than this (weights that did not arrive, a server computing

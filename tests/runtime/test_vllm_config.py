@@ -25,6 +25,9 @@ from agentrl.errors import ConfigError
     (["engine.vllm.replicas=0"], "engine.vllm.replicas=0 must be a positive integer"),
     (["engine.vllm.python=''"], "engine.vllm.python is empty"),
     (["engine.vllm.pyhton=x"], "Did you mean 'engine.vllm.python'?"),
+    (["engine.vllm.weight_transfer=ipc"], "engine.vllm.weight_transfer"),
+    (["engine.vllm.weight_transfer=nccl", "device=cpu"], "engine.vllm.weight_transfer=nccl broadcasts from the "
+                                                          "trainer's GPU, and device=cpu: use engine.vllm.weight_transfer=file"),
 ])
 def test_bad_vllm_settings_fail_in_one_line(overrides, says):
     with pytest.raises(ConfigError) as err:

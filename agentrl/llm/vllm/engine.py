@@ -22,6 +22,9 @@
   (`probe_ids`) within `probe_tolerance` of the trainer's logprobs of them (`probe`, a function
   the run gives: the policy's own forward pass); else the push ends in one EngineError naming
   engine.vllm.probe_tolerance. `policy/engine_probe_diff` logs the gap of the last push.
+- **NCCL** (`transfer="nccl"`, GPUs): full weights are broadcast from the trainer's GPU into the
+  servers' workers through vLLM's own NCCL engine instead of a file (nccl.py); the group is
+  formed at the first push and again after a restart (with the newest pushed tensors sent then).
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from agentrl.errors import EngineError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.remote.engine import RemoteEngine
 from agentrl.llm.vllm.control import PAUSE_MODES, VllmControl
-from agentrl.llm.vllm.launch import CPU_BUILD_ARGS, EXTENSION, TRANSPORT, VllmServer, cpu_build, vllm_python
+from agentrl.llm.vllm.launch import CPU_BUILD_ARGS, EXTENSION, TRANSPORT, TRANSPORTS, VllmServer, cpu_build, vllm_python
+from agentrl.llm.vllm.nccl import NcclSender
 from agentrl.llm.weights import save_file_atomic
 from agentrl.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_state
 from agentrl.tokenizer import Tokenizer
@@ -69,7 +73,7 @@ class VllmEngine:
                  pause_mode: str = "keep", seed: int = 0, timeout: float = 600.0, max_retries: int = 3,
                  servers: list[VllmServer] | None = None, probe: Callable[[list[int]], list[float]] | None = None,
                  probe_ids: list[int] | None = None, probe_tolerance: float = 1e-3,
-                 restart_timeout: float = 120.0, max_restarts: int = 3) -> None:
+                 restart_timeout: float = 120.0, max_restarts: int = 3, transfer: str = TRANSPORT) -> None:
         if pause_mode not in PAUSE_MODES:
             raise EngineError(f"unknown pause mode {pause_mode!r}; known: {', '.join(PAUSE_MODES)}")
         if probe is not None and (probe_ids is None or len(probe_ids) < 2):
@@ -91,22 +95,27 @@ class VllmEngine:
         self._restarts = [0] * len(self.servers)
         self._epoch = 0  # restarts so far, of every server
         self._counts = {"restarts": 0, "replayed": 0}
+        if transfer not in TRANSPORTS:
+            raise EngineError(f"unknown weight transport {transfer!r}; known: {', '.join(TRANSPORTS)}")
         for control in self.controls:
             try:
                 backend = control.transfer_backend()
             except EngineError:
                 backend = None
-            if backend != TRANSPORT:
-                raise EngineError(f"vLLM server {control.url} does not load agentrl's weight transport; start it with "
-                                  f"--worker-extension-cls {EXTENSION} and --weight-transfer-config "
-                                  f"'{{\"backend\": \"{TRANSPORT}\"}}', agentrl importable in its environment")
+            if backend != transfer:
+                raise EngineError(f"vLLM server {control.url} does not load the weight transport {transfer!r} "
+                                  f"(it reports {backend!r}); start it with --worker-extension-cls {EXTENSION} and "
+                                  f"--weight-transfer-config '{{\"backend\": \"{transfer}\"}}', agentrl importable "
+                                  "in its environment")
             control.set_weight_version("0")
+        self._nccl = NcclSender(self.controls) if transfer == "nccl" else None
+        self._nccl_state: dict[str, Any] | None = None  # the newest tensors broadcast: what a restarted server gets
 
     @classmethod
     def launch(cls, model: str | Path, workdir: str | Path, *, replicas: int = 1, python: str | None = None,
                args: list[str] | tuple[str, ...] = (), start_timeout: float = 900.0, lora_rank: int = 0,
                max_model_len: int | None = None, dtype: str = "float32", seed: int = 0,
-               weights_dir: str | Path | None = None, **engine: Any) -> VllmEngine:
+               weights_dir: str | Path | None = None, transfer: str = TRANSPORT, **engine: Any) -> VllmEngine:
         """Start `replicas` servers of `model` (one after the other: a CPU has no room for two
         starting at once), wait for each, and return the engine (`engine`: its other arguments)
         that stops them at close()."""
@@ -117,12 +126,13 @@ class VllmEngine:
         try:
             for _ in range(replicas):
                 server = VllmServer(model, workdir, python=python, args=args, api_key=key, lora_rank=lora_rank,
-                                    max_model_len=max_model_len, dtype=dtype, seed=seed, weights_dir=weights_dir)
+                                    max_model_len=max_model_len, dtype=dtype, seed=seed, weights_dir=weights_dir,
+                                    transfer=transfer)
                 servers.append(server)
                 server.start()
                 server.wait_ready(start_timeout)
             return cls([s.url for s in servers], servers[0].weights_dir, api_key=key, seed=seed, servers=servers,
-                       **engine)
+                       transfer=transfer, **engine)
         except BaseException:
             for server in servers:
                 server.stop()
@@ -165,12 +175,20 @@ class VllmEngine:
                 fresh.start()
                 fresh.wait_ready(self.restart_timeout)
                 control = VllmControl(fresh.url, self.api_key, self.timeout)
-                self._load_current(control)
+                if self._nccl is None:
+                    self._load_current(control)
                 self.servers[i], self.controls[i] = fresh, control
                 self.remote.set_url(i, fresh.url)
                 self._restarts[i] += 1
                 self._counts["restarts"] += 1
                 self._epoch += 1
+                if self._nccl is not None:  # an NCCL group cannot grow: form it again, with every server
+                    self._nccl.connect()
+                    if self._nccl_state is not None:
+                        self._broadcast(self._nccl_state, self.policy_version, "wait")
+                    for name in self._adapters:
+                        control.load_lora(name, str((self.weights_dir / name).resolve()))
+                    control.set_weight_version(str(self.policy_version))
             return self._epoch
 
     def _load_current(self, control: VllmControl) -> None:
@@ -190,6 +208,8 @@ class VllmEngine:
         t0 = time.perf_counter()
         if is_adapter_state(state_dict):
             self._push_adapter(state_dict, version)
+        elif self._nccl is not None:
+            self._broadcast(state_dict, version, self.pause_mode)
         else:
             path = save_file_atomic(state_dict, self.weights_dir / f"policy-v{version}.safetensors")
             for control in self.controls:
@@ -203,6 +223,21 @@ class VllmEngine:
         if self.probe is not None:
             self.check_probe(version)
         return version
+
+    def _broadcast(self, state: dict[str, Any], version: int, mode: str) -> None:
+        """Pause every server, broadcast `state` over NCCL labelled `version`, drop cached prefixes,
+        resume (resumed even on failure)."""
+        assert self._nccl is not None
+        for control in self.controls:
+            control.pause(mode)
+        try:
+            self._nccl.send(state, str(version))
+            self._nccl_state = state
+            for control in self.controls:
+                control.reset_prefix_cache()
+        finally:
+            for control in self.controls:
+                control.resume()
 
     def check_probe(self, version: int) -> float:
         """After a push: every server labels its weights `version` and scores the probe within
@@ -285,6 +320,8 @@ class VllmEngine:
     def close(self) -> None:
         """Close the connections and stop the servers this engine started."""
         self.remote.close()
+        if self._nccl is not None:
+            self._nccl.close()
         for control in self.controls:
             control.close()
         for server in self.servers:

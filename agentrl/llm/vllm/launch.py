@@ -44,6 +44,7 @@ from agentrl.errors import EngineError
 
 TRANSPORT = "agentrl_file"  # transfer.BACKEND (not imported: that module needs vLLM)
 EXTENSION = "agentrl.llm.vllm.transfer.WorkerExtension"
+TRANSPORTS = (TRANSPORT, "nccl")  # ours (a file, any device) or vLLM's built-in NCCL engine (CUDA)
 WEIGHTS_DIR_ENV = "AGENTRL_VLLM_WEIGHTS_DIR"
 MODULE = "vllm.entrypoints.openai.api_server"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the --max-lora-rank values vLLM accepts
@@ -134,13 +135,18 @@ class VllmServer:
 
     `model` is a local model folder (or a hub name where the machine may download); `workdir`
     receives the log (`vllm-PORT.log`), the weights folder and the package link; `args` are
-    extra server arguments, appended last (so they win over ours where vLLM takes the last)."""
+    extra server arguments, appended last (so they win over ours where vLLM takes the last);
+    `transfer` is the weight transport its workers load: ours (`agentrl_file`) or vLLM's `nccl`."""
 
     def __init__(self, model: str | Path, workdir: str | Path, *, python: str | None = None, args: Sequence[str] = (),
                  host: str = "127.0.0.1", port: int | None = None, api_key: str | None = None,
                  dtype: str = "float32", max_model_len: int | None = None, lora_rank: int = 0,
-                 seed: int = 0, env: dict[str, str] | None = None, weights_dir: str | Path | None = None) -> None:
+                 seed: int = 0, env: dict[str, str] | None = None, weights_dir: str | Path | None = None,
+                 transfer: str = TRANSPORT) -> None:
+        if transfer not in TRANSPORTS:
+            raise EngineError(f"unknown weight transport {transfer!r}; known: {', '.join(TRANSPORTS)}")
         self.model = str(model)
+        self.transfer = transfer
         self.workdir = Path(workdir)
         self.python = python or vllm_python()[0]
         self.host = host
@@ -163,7 +169,7 @@ class VllmServer:
         # `--api-key=KEY` as one argument: a random key may start with "-", which argparse takes for an option
         cmd = [self.python, "-c", BOOT, str(os.getpid()), MODULE, "--model", self.model, "--host", self.host, "--port", str(self.port),
                f"--api-key={self.api_key}", "--dtype", self.dtype, "--seed", str(self.seed), "--enable-scale-out",
-               "--logprobs-mode", "processed_logprobs", "--weight-transfer-config", json.dumps({"backend": TRANSPORT}),
+               "--logprobs-mode", "processed_logprobs", "--weight-transfer-config", json.dumps({"backend": self.transfer}),
                "--worker-extension-cls", EXTENSION]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]

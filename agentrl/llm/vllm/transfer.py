@@ -109,8 +109,11 @@ class WorkerExtension:
     """Mixed into vLLM's worker by `--worker-extension-cls`; importing it registered the transport."""
 
     def agentrl_transfer_backend(self) -> str:
-        """The backend name (a `/collective_rpc` call that tells a client the extension is loaded)."""
-        return BACKEND
+        """The weight transport the worker was started with (a `/collective_rpc` call that tells a
+        client the extension is loaded, and which transport to drive)."""
+        config = getattr(self, "vllm_config", None)  # the worker's, which this class is mixed into
+        transfer = getattr(config, "weight_transfer_config", None)
+        return getattr(transfer, "backend", None) or BACKEND
 
 
 def register() -> None:

@@ -135,6 +135,7 @@ class RunPlan:
         return {"servers": "attached: engine.urls" if e.urls else f"{v.replicas} started by the run",
                 "python": None if e.urls else python, "python_source": None if e.urls else source,
                 "args": list(v.args), "startup_timeout": v.startup_timeout, "probe_tolerance": v.probe_tolerance,
+                "weight_transfer": v.weight_transfer,
                 "pause_mode": self.vllm_pause_mode,
                 "weights_dir": e.weights_dir or (None if e.urls else f"{self.run_dir}/vllm/vllm-weights")}
 

@@ -16,12 +16,13 @@ import torch
 
 from agentrl.errors import ConfigError
 from agentrl.llm.vllm.engine import VllmEngine, probe_ids
-from agentrl.llm.vllm.launch import missing_vllm, vllm_python
+from agentrl.llm.vllm.launch import TRANSPORT, missing_vllm, vllm_python
 from agentrl.models.loading import save_pretrained
 from agentrl.runtime.build.plan_types import RunPlan
 from agentrl.tokenizer import Tokenizer
 from agentrl.train.forward import token_logprobs
 
+TRANSFERS = {"file": TRANSPORT, "nccl": "nccl"}  # engine.vllm.weight_transfer -> the servers' backend
 SERVING_DIR = "vllm"  # in the run folder: the servers' logs, weights folder and (embedded model) model folder
 
 
@@ -40,11 +41,16 @@ def vllm_engine(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> VllmEngi
     the adapters too)."""
     e, m = run_plan.engine, run_plan.model
     v = e.vllm
+    device = next(model.parameters()).device
+    if v.weight_transfer == "nccl" and device.type != "cuda":
+        raise ConfigError(f"engine.vllm.weight_transfer=nccl broadcasts from the trainer's GPU, and this run trains "
+                          f"on {device.type}: use engine.vllm.weight_transfer=file (or device=cuda on a GPU machine)")
     common: dict[str, Any] = {
         "pause_mode": run_plan.vllm_pause_mode, "seed": run_plan.seed,
         "timeout": e.request_timeout, "max_retries": e.max_retries, "probe": lambda ids: policy_logprobs(model, ids),
         "probe_ids": probe_ids(tokenizer), "probe_tolerance": v.probe_tolerance,
-        "restart_timeout": run_plan.runtime.restart_timeout, "max_restarts": run_plan.runtime.max_restarts}
+        "restart_timeout": run_plan.runtime.restart_timeout, "max_restarts": run_plan.runtime.max_restarts,
+        "transfer": TRANSFERS[v.weight_transfer]}
     if e.urls:
         served = VllmEngine(e.urls, Path(e.weights_dir).expanduser(), api_key=run_plan.engine_key, **common)
     else:
