@@ -39,6 +39,7 @@ LONGEST_FIRST = [
     "e2e/test_benchmarks.py", "e2e/test_misbehaving_run.py", "e2e/test_vllm_launch.py",
     "e2e/test_resume.py", "seeds/test_seed_style.py", "e2e/test_faults.py", "e2e/test_train.py", "e2e/test_observe.py",
     "e2e/test_qwen_shape.py", "e2e/test_serve_train.py", "runtime/test_plan.py", "e2e/test_async.py",
+    "e2e/test_tool_tasks_train.py", "e2e/test_tool_train.py",
 ]
 
 
