@@ -35,7 +35,7 @@ long as b does not depend on this episode's actions from turn k on.
 - GiGPO: a turn is compared with the turns of its group that started from the same env state. A
   wait leaves the state as it was, so an episode's own earlier and later turns sit in its anchor
   group; the mean of such a group adds no bias here, its std does (it depends on the episode's
-  own returns, counted once per wait): E[update_wait] > 0, GiGPO teaches waiting (+2% at that
+  own returns, counted once per wait): E[update_wait] > 0, GiGPO teaches waiting (+1.7% at that
   policy). `norm_adv_by_std_in_grpo=false`, or states that differ turn by turn, remove it.
 - GAE (PPO with a critic, gamma = lam = 1 over turns): the baseline is V(h_k), a function of the
   history only, so the expected update is unbiased up to the critic's error; the critic sees the
