@@ -128,7 +128,7 @@ def main() -> None:
     names = args.estimators.split(",")
     unknown = [n for n in names if n not in ESTIMATORS]
     if unknown:
-        sys.exit(f"--estimators: unknown {unknown[0]!r}; use some of {', '.join(ESTIMATORS)}")
+        p.error(f"--estimators: unknown {unknown[0]!r}; use some of {', '.join(ESTIMATORS)}")
     out: dict[str, object] = {"exact_wait_bias": exact_biases()}
     if not args.exact:
         runs: dict[str, dict[str, dict[str, float]]] = {}
