@@ -94,7 +94,7 @@ def register_policy_loss(name: str, fn: Callable | None = None, *, overwrite: bo
 # The modules that register the built-ins, listed once: the runtime, the env checker and the
 # embedded model's cache key all load them through `load_builtins`.
 BUILTIN_MODULES = ("agentrl.envs.frozen_lake", "agentrl.envs.sokoban", "agentrl.envs.math", "agentrl.envs.gem",
-                   "agentrl.envs.products", "agentrl.envs.multihop",
+                   "agentrl.envs.products", "agentrl.envs.multihop", "agentrl.envs.wait_walk",
                    "agentrl.envs.reasoning_gym", "agentrl.agents.chat", "agentrl.agents.math_retry",
                    "agentrl.agents.openai", "agentrl.agents.tool", "agentrl.algos.advantages",
                    "agentrl.algos.policy_losses")

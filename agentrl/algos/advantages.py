@@ -29,9 +29,11 @@ earlier turns; on single-turn masks (prompt, response, padding) the two agree ex
 
 ## Edge cases (one documented answer each)
 - A group of one: GRPO uses mean 0 and std 1 (verl), RLOO and REINFORCE++-baseline use
-  baseline 0 (verl), so the advantage is the raw score in all three. Under turn credit the same
-  holds for a turn number that only one episode of the group reached (so for every turn of a
-  group of one episode): an episode is never its own baseline.
+  baseline 0 (verl), so the advantage is the raw score in all three; under turn credit every turn
+  of a group of one keeps its raw return too. In a larger group, a turn number that only one
+  episode reached has nothing to compare with and gets 0: an episode is never its own baseline,
+  and a raw return there (the earlier rule) taught the policy to end episodes early under a
+  token-count-normalised loss (`agentrl/algos/wait_gradient.py`, `benchmarks/turn_credit.py`).
 - Whitening (GAE, REINFORCE++, REINFORCE++-baseline) uses the mean and unbiased variance of all
   generated ids in the batch (verl's masked_whiten); with fewer than two generated ids it gives 0.
 - Rewards on masked ids: group estimators sum every reward of a sequence (verl); the token-level
@@ -74,8 +76,8 @@ def grpo(x: EstimatorInput) -> Estimate:
     """GRPO (Shao et al. 2024): (score - group mean) / (group std + eps), (B, T).
 
     Scores are sequence reward sums (token/outcome credit) or turn returns (turn credit: turn k is
-    compared with turn k of the group's episodes, see TurnDepths). Std is torch.std's unbiased
-    one as in verl;
+    compared with turn k of the group's episodes, 0 where no other reached it; see TurnDepths).
+    Std is torch.std's unbiased one as in verl;
     `norm_adv_by_std_in_grpo=false` gives Dr. GRPO. Returns equal the advantages.
     """
     if x.config.credit == "turn":
@@ -96,11 +98,11 @@ def grpo(x: EstimatorInput) -> Estimate:
 def _grpo_turns(x: EstimatorInput) -> Estimate:
     depth = TurnDepths(turn_returns(x.token_rewards, x.response_mask, x.config.gamma), x.response_mask, x.index)
     count, mean, std = group_stats(depth.scores, depth.key)
-    alone = count[depth.key] == 1  # raw return: mean 0, std 1, as for a group of one
+    alone = count[depth.key] == 1  # mean 0, std 1, as a group of one; drop_lone zeroes it in a larger one
     adv = depth.scores - torch.where(alone, 0.0, mean[depth.key])
     if x.config.norm_adv_by_std_in_grpo:
         adv = adv / (torch.where(alone, 1.0, std[depth.key]) + EPS)
-    out = depth.spread(adv)
+    out = depth.spread(depth.drop_lone(adv))
     return out, out
 
 
@@ -170,14 +172,15 @@ def rloo(x: EstimatorInput) -> Estimate:
     """RLOO (Ahmadian et al. 2024): score minus the mean score of the other episodes, (B, T).
 
     Token/outcome credit is verl's compute_rloo_outcome_advantage. Turn credit: turn k's return
-    minus the mean return of turn k in the group's other episodes (baseline 0 if none has one).
+    minus the mean return of turn k in the group's other episodes (0 if none reached it; the raw
+    return in a group of one).
     """
     if x.config.credit == "turn":
         depth = TurnDepths(turn_returns(x.token_rewards, x.response_mask, x.config.gamma), x.response_mask, x.index)
         count, mean, _ = group_stats(depth.scores, depth.key)
         n = count[depth.key]
         others = (mean[depth.key] * n - depth.scores) / (n - 1).clamp(min=1)
-        out = depth.spread(depth.scores - torch.where(n > 1, others, 0.0))
+        out = depth.spread(depth.drop_lone(depth.scores - torch.where(n > 1, others, 0.0)))
         return out, out
     scores = x.token_rewards.sum(dim=-1)
     count, mean, _ = _broadcast_group(scores, x.index)
@@ -211,12 +214,13 @@ def reinforce_plus_plus_baseline(x: EstimatorInput) -> Estimate:
     """REINFORCE++-baseline: score minus its group mean, then whitened over the batch, (B, T).
 
     Token/outcome credit is verl's compute_reinforce_plus_plus_baseline_outcome_advantage.
-    Turn credit: turn k's return minus the group's mean return of turn k (0 if it is alone).
+    Turn credit: turn k's return minus the group's mean return of turn k (a turn no other episode
+    reached: 0; in a group of one, its raw return).
     """
     if x.config.credit == "turn":
         depth = TurnDepths(turn_returns(x.token_rewards, x.response_mask, x.config.gamma), x.response_mask, x.index)
         count, mean, _ = group_stats(depth.scores, depth.key)
-        centered = depth.spread(depth.scores - torch.where(count[depth.key] > 1, mean[depth.key], 0.0))
+        centered = depth.spread(depth.drop_lone(depth.scores - torch.where(count[depth.key] > 1, mean[depth.key], 0.0)))
     else:
         scores = x.token_rewards.sum(dim=-1)
         count, mean, _ = _broadcast_group(scores, x.index)

@@ -152,7 +152,8 @@ def turn_scores(rewards: Rows, mask: Rows, turn: bool, gamma: float) -> list[lis
 def grpo(x: EstimatorInput) -> Estimate:
     """GRPO: (score - group mean) / (group std + eps); a group of one keeps its raw score.
 
-    Turn credit: turn k against turn k of the group's episodes (raw where it is alone)."""
+    Turn credit: turn k against turn k of the group's episodes; a turn no other episode reached
+    gets 0 (its raw return in a group of one)."""
     rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
     turn = x.config.credit == "turn"
     scores = turn_scores(rewards, mask, turn, x.config.gamma)
@@ -162,6 +163,9 @@ def grpo(x: EstimatorInput) -> Estimate:
             adv[row] = []
             for k, g in enumerate(scores[row]):
                 pool = depth_pool(scores, rows, k) if turn else [scores[other][0] for other in rows]
+                if turn and len(pool) == 1 and len(rows) > 1:
+                    adv[row].append(0.0)
+                    continue
                 mean, std = mean_std(pool) if len(pool) > 1 else (0.0, 1.0)
                 adv[row].append((g - mean) / (std + EPS) if x.config.norm_adv_by_std_in_grpo else g - mean)
     out = _tensor(_spread(adv, mask), x.token_rewards)
@@ -171,7 +175,8 @@ def grpo(x: EstimatorInput) -> Estimate:
 def rloo(x: EstimatorInput) -> Estimate:
     """RLOO: score minus the mean score of the group's other episodes (baseline 0 if none).
 
-    Turn credit: turn k against turn k of the group's other episodes."""
+    Turn credit: turn k against turn k of the group's other episodes (0 if none reached it, in a
+    group of more than one)."""
     rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
     turn = x.config.credit == "turn"
     scores = turn_scores(rewards, mask, turn, x.config.gamma)
@@ -182,7 +187,8 @@ def rloo(x: EstimatorInput) -> Estimate:
             adv[row] = []
             for k, g in enumerate(scores[row]):
                 pool = depth_pool(scores, others, k) if turn else [sum(rewards[o]) for o in others]
-                adv[row].append(g - (sum(pool) / len(pool) if pool else 0.0))
+                lone = turn and not pool and others
+                adv[row].append(0.0 if lone else g - (sum(pool) / len(pool) if pool else 0.0))
     out = _tensor(_spread(adv, mask), x.token_rewards)
     return out, out
 
@@ -210,7 +216,8 @@ def reinforce_plus_plus(x: EstimatorInput) -> Estimate:
 def reinforce_plus_plus_baseline(x: EstimatorInput) -> Estimate:
     """REINFORCE++-baseline: score minus its group mean (0 for a group of one), then whitened.
 
-    Turn credit: turn k minus the mean of turn k over the group (0 where it is alone)."""
+    Turn credit: turn k minus the mean of turn k over the group; a turn no other episode reached
+    gets 0 (its raw return in a group of one)."""
     rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
     turn = x.config.credit == "turn"
     scores = turn_scores(rewards, mask, turn, x.config.gamma)
@@ -220,7 +227,8 @@ def reinforce_plus_plus_baseline(x: EstimatorInput) -> Estimate:
             centered[row] = []
             for k, g in enumerate(scores[row]):
                 pool = depth_pool(scores, rows, k) if turn else [sum(rewards[o]) for o in rows]
-                centered[row].append(g - (sum(pool) / len(pool) if len(pool) > 1 else 0.0))
+                lone = turn and len(pool) == 1 and len(rows) > 1
+                centered[row].append(0.0 if lone else g - (sum(pool) / len(pool) if len(pool) > 1 else 0.0))
     out = _tensor(whiten(_spread(centered, mask), mask), x.token_rewards)
     return out, out
 

@@ -49,7 +49,9 @@ class TurnDepths:
     Turn k of an episode is compared with turn k of the other episodes of its group. Pooling all
     turns of a group instead would score early turns above late ones whatever was played (with
     shaping rewards an episode's returns fall turn by turn), and keep pushing down the last
-    moves of a group that already solves the task.
+    moves of a group that already solves the task. A turn that no other episode of its group
+    reached has nothing to be compared with: `lone` marks it, and the estimators give it 0 (in a
+    group of one sequence, every turn keeps its raw return, as verl's group of one).
     """
 
     def __init__(self, returns: torch.Tensor, response_mask: torch.Tensor, index: torch.Tensor) -> None:
@@ -62,6 +64,13 @@ class TurnDepths:
         _, self.key = torch.unique(group[self.rows] * width + self.depth, return_inverse=True)
         self.scores = returns[self.rows, cols]
         self.width = width
+        members = torch.bincount(group)[group[self.rows]]  # sequences in each turn end's group
+        count = torch.bincount(self.key)[self.key]
+        self.lone = (count == 1) & (members > 1)
+
+    def drop_lone(self, per_turn: torch.Tensor) -> torch.Tensor:
+        """`per_turn` (N,) with the lone turns' entries set to 0 (see the class docstring)."""
+        return torch.where(self.lone, torch.zeros_like(per_turn), per_turn)
 
     def spread(self, per_turn: torch.Tensor) -> torch.Tensor:
         """Per-turn-end values (N,) back onto every generated id of their turn, (B, T)."""

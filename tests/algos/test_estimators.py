@@ -65,9 +65,13 @@ def test_grpo_by_hand():
            credit="token", norm_adv_by_std_in_grpo=False)
     # turn credit: every turn compared with the same turn of the group's other episodes
     _check("grpo", PAIR_REWARDS, PAIR_MASK, [0, 0], PAIR_Z, credit="turn", gamma=0.5)
-    # a turn number only one episode reached keeps its raw return: row 1's turns 2 and 3 -> 3
+    # a turn number only one episode of the group reached has no baseline: 0 (row 1's turns 2 and 3;
+    # a raw return there biases a length-normalised loss, tests/algos/test_wait_gradient.py) ...
     _check("grpo", [[1, 0, 0, 0, 0], [0, 0, 0, 0, 3]], [[1, 0, 0, 0, 0], [1, 0, 1, 0, 1]], [0, 0],
-           [[-R2, 0, 0, 0, 0], [R2, 0, 3 / (1 + 1e-6), 0, 3 / (1 + 1e-6)]], credit="turn", gamma=1.0)
+           [[-R2, 0, 0, 0, 0], [R2, 0, 0, 0, 0]], credit="turn", gamma=1.0)
+    # ... while a group of one keeps its raw returns (verl's group of one): 3, 3, 3
+    _check("grpo", [[0, 0, 0, 0, 3]], [[1, 0, 1, 0, 1]], [0], [[3 / (1 + 1e-6), 0, 3 / (1 + 1e-6), 0, 3 / (1 + 1e-6)]],
+           credit="turn", gamma=1.0)
 
 
 def test_rloo_by_hand():
