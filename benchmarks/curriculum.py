@@ -9,7 +9,7 @@ arm's "steps to target" is the first evaluated step at or above it (0: before tr
 table also gives eval success before, best and last, and the curriculum's share of draws from
 its pool. The last line is a JSON summary.
 
-    python benchmarks/curriculum.py                 # both configs, seeds 0-2, their 200 steps (hours on 2 cores)
+    python benchmarks/curriculum.py                 # both configs, seeds 0-2, their 200 steps: 12 runs
     python benchmarks/curriculum.py --configs frozen_lake_random --seeds 0 --steps 60
     python benchmarks/curriculum.py --curriculum rollout.curriculum.pool_size=128   # other curriculum settings
     python benchmarks/curriculum.py --quick         # a tiny model, 2 steps, seed 0: a smoke run
