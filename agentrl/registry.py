@@ -55,6 +55,7 @@ ENVS: Registry[Callable] = Registry("env type")
 AGENTS: Registry[Callable] = Registry("agent type")
 ESTIMATORS: Registry[Callable] = Registry("advantage estimator")
 POLICY_LOSSES: Registry[Callable] = Registry("policy loss mode")
+CURRICULUM_RULES: Registry[Callable] = Registry("curriculum rule")  # rule(estimate, seen, group_size) -> weight
 TOOLS: Registry = Registry("tool")  # name -> agentrl.tools.Tool, filled by the @tool decorator
 
 
@@ -89,6 +90,14 @@ def register_policy_loss(name: str, fn: Callable | None = None, *, overwrite: bo
     if fn is None:
         return lambda f: POLICY_LOSSES.register(name, f, overwrite=overwrite)
     return POLICY_LOSSES.register(name, fn, overwrite=overwrite)
+
+
+def register_curriculum_rule(name: str, fn: Callable | None = None, *, overwrite: bool = False):
+    """Register a curriculum rule (rollout.curriculum.rule) under `name` (usable as a decorator):
+    `fn(estimate: float, seen: int, group_size: int) -> float`, a seen task's weight in the draws."""
+    if fn is None:
+        return lambda f: CURRICULUM_RULES.register(name, f, overwrite=overwrite)
+    return CURRICULUM_RULES.register(name, fn, overwrite=overwrite)
 
 
 # The modules that register the built-ins, listed once: the runtime, the env checker and the

@@ -41,6 +41,7 @@ def validate(cfg: Config) -> None:
     if len(a.betas) != 2:
         raise ConfigError(f"actor.betas={a.betas} must be two numbers in [0, 1)")
     _validate_algorithm(cfg)
+    _validate_curriculum(cfg)
     check_model_section(cfg)
     _validate_env_groups(cfg)
     validate_serve(cfg)
@@ -93,6 +94,32 @@ def _validate_policy_loss(cfg: Config) -> None:
     if cfg.algorithm.adv_estimator == "grpo_passk" and cfg.rollout.group_size < 2:
         raise ConfigError(f"algorithm.adv_estimator=grpo_passk compares the two best episodes of a group: "
                           f"set rollout.group_size >= 2 (got {cfg.rollout.group_size})")
+
+
+# The rules agentrl.rollout.curriculum registers; named here so that a config error needs no import.
+BUILTIN_CURRICULUM_RULES = ("informative",)
+
+
+def _validate_curriculum(cfg: Config) -> None:
+    """rollout.curriculum: ordered thresholds, a known rule, a rollout it can steer."""
+    from agentrl.registry import CURRICULUM_RULES
+
+    c = cfg.rollout.curriculum
+    if c.hard_threshold >= c.easy_threshold:
+        raise ConfigError(f"rollout.curriculum.hard_threshold={c.hard_threshold} must be below "
+                          f"rollout.curriculum.easy_threshold={c.easy_threshold} (the rule draws the tasks between "
+                          "them)")
+    known = sorted(set(BUILTIN_CURRICULUM_RULES) | set(CURRICULUM_RULES.names()))
+    if not cfg.imports and c.rule not in known:  # a module in `imports` may register it (checked once imported)
+        raise ConfigError(f"rollout.curriculum.rule: unknown curriculum rule {shown(c.rule)}."
+                          f"{did_you_mean(c.rule, known)} Known: {', '.join(known)}")
+    if c.enable and cfg.rollout.max_staleness:
+        raise ConfigError(f"rollout.curriculum.enable=true with rollout.max_staleness={cfg.rollout.max_staleness}: a "
+                          "curriculum draws each step's tasks from the estimates of the steps before, which a stream "
+                          "plays ahead of; use rollout.max_staleness=0")
+    if c.enable and cfg.runtime.kind == "ray":
+        raise ConfigError("rollout.curriculum.enable=true with runtime.kind=ray: curricula run in the local runtime "
+                          "only for now; use runtime.kind=local")
 
 
 def _validate_env_groups(cfg: Config) -> None:

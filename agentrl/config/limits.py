@@ -82,6 +82,11 @@ RANGES: dict[str, Range] = {
     "rollout.episode_timeout": SECONDS,
     "rollout.max_retries": Range(0, 2**10),
     "rollout.max_failed_fraction": UNIT,
+    "rollout.curriculum.pool_size": Range(1, 100_000, "tasks per env tag"),
+    "rollout.curriculum.ema": Range(0.0, 1.0, lo_open=True),
+    "rollout.curriculum.hard_threshold": UNIT,
+    "rollout.curriculum.easy_threshold": UNIT,
+    "rollout.curriculum.uniform_ratio": UNIT,
     # engine and serve
     "engine.request_timeout": SECONDS,
     "engine.max_retries": Range(0, 100),

@@ -69,6 +69,34 @@ class EnvManagerConfig:
 
 # ---------------------------------------------------------------------------- rollout
 @dataclass
+class CurriculumConfig:
+    """Curricula (agentrl/rollout/curriculum.py): each training group's task is drawn from a finite
+    pool by a running estimate of its success, so episodes go where the group signal is (prime-rl's
+    difficulty pools; RAGEN's signal filter, before the episodes are played instead of after)."""
+
+    enable: bool = False
+    """Draw each group's task from the pool; off, every group plays a fresh env seed."""
+    pool_size: int = 512
+    """Tasks (env seeds) in each env tag's pool; a task comes back, so its estimate means something."""
+    ema: float = 0.5
+    """Weight of a task's newest group in its success estimate: estimate <- (1 - ema) * estimate +
+    ema * the group's success rate (its first group sets it); 1.0 keeps the latest group's alone."""
+    hard_threshold: float = 0.0
+    """prime-rl's name: a task whose estimate is at or below this is hard, left to the uniform draws."""
+    easy_threshold: float = 1.0
+    """prime-rl's name: a task whose estimate is at or above this is easy, left to the uniform draws."""
+    uniform_ratio: float = 0.25
+    """Share of groups drawn uniformly from the whole pool, seen or not (the floor that keeps every
+    task in play); the others are drawn among seen tasks by `rule`."""
+    rule: str = "informative"
+    """Weight of a seen task between the thresholds in the other draws: informative, the chance that a
+    group of rollout.group_size episodes is neither all solved nor all failed under its estimate
+    p (1 - p^n - (1 - p)^n); or a function registered with
+    agentrl.registry.register_curriculum_rule in a module of `imports`, called as
+    rule(estimate, seen, group_size) -> weight (0 leaves the task out)."""
+
+
+@dataclass
 class RolloutConfig:
     """How episodes are sampled each step."""
 
@@ -125,6 +153,8 @@ class RolloutConfig:
     algorithm.adv_estimator=gae). drop: it leaves its group before advantages, which are computed
     over the group's other episodes (a group left empty is dropped); counted in
     rollout/dropped_truncated."""
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    """Which tasks the training groups play: off (fresh env seeds), or a curriculum."""
 
     @property
     def groups_per_step(self) -> int:

@@ -87,15 +87,18 @@ class RolloutSource(Protocol):
 
 def fill_step(next_batch: Callable[[int], tuple[Groups, CollectResult, int]], need: int,
               keep: GroupFilter | None, max_batches: int,
-              on_dropped: Callable[[int], None] = lambda n: None) -> StepRollout:
+              on_dropped: Callable[[int], None] = lambda n: None,
+              on_played: Callable[[Groups], None] = lambda groups: None) -> StepRollout:
     """Generation batches (`next_batch(attempt)` -> complete groups, counts, too-stale groups)
-    until `need` groups pass `keep`; `on_dropped(n)` hears of groups the filter dropped."""
+    until `need` groups pass `keep`; `on_dropped(n)` hears of groups the filter dropped,
+    `on_played(groups)` of every batch's groups before the filter (a curriculum's estimates)."""
     kept: Groups = []
     total = CollectResult([])
     dropped = stale = 0
     for attempt in range(max(1, max_batches)):
         groups, result, n_stale = next_batch(attempt)
         groups = split_greedy_baselines(groups)  # ReMax's greedy episodes are baselines, not samples
+        on_played(groups)
         total.absorb(result)
         stale += n_stale
         informative = keep(groups) if keep is not None else groups
@@ -132,7 +135,7 @@ class OnPolicySource:
         def next_batch(attempt: int) -> tuple[Groups, CollectResult, int]:
             result = self.collector.collect(self.tasks.step(step, attempt))
             return groups_of(result.trajectories), result, 0
-        return fill_step(next_batch, self.tasks.n_groups, keep, max_batches)
+        return fill_step(next_batch, self.tasks.n_groups, keep, max_batches, on_played=self.tasks.observe)
 
     def evaluate(self) -> CollectResult:
         """Play the evaluation tasks, then forget them."""

@@ -180,8 +180,9 @@ class Trainer:
             truncation = {"rollout/dropped_truncated": float(dropped)}  # none left: the step trains nothing
         kept = top_variance_groups(groups, self.cfg.rollout.rollout_filter_ratio)
         step.result.trajectories = [t for g in kept for t in g]
+        curriculum = self.rollout.tasks.curriculum
         stats = {**step.stats, **truncation, "rollout/filtered_groups_std": float(len(groups) - len(kept)),
-                 "rollout/kept_groups": float(len(kept))}
+                 "rollout/kept_groups": float(len(kept)), **(curriculum.pop_stats() if curriculum else {})}
         return step.result, {**stats, **step.result.metrics(), **self._staleness(step.result.trajectories)}
 
     def _staleness(self, trajs: list[Trajectory]) -> dict[str, float]:
@@ -291,10 +292,12 @@ class Trainer:
     def _checkpoint(self) -> None:
         # The source drops every cached prefix first (kv_on_weight_update=keep keeps them across
         # a weight update): the engine continues from the state a resumed run starts in.
+        curriculum = self.rollout.tasks.curriculum  # its estimates steer the draws of the steps to come
         state = {"policy_version": self.version, **self.rollout.checkpoint(),
                  "rng": rng_state(), "summary": dict(self.summary),
                  "kl_coef": self.kl_ctrl.value, "health": self.watch.monitor.state_dict(),
                  "master_weights": self.actor.master.state_dict(),
+                 "curriculum": curriculum.state_dict() if curriculum is not None else None,
                  "critic": self.critic.state_dict() if self.critic is not None else None}
         save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self.actor.model, self.tokenizer,
                         self.actor.optimizer, state, keep=self.cfg.trainer.max_checkpoints, config=self.cfg)
@@ -320,6 +323,8 @@ class Trainer:
             self.watch.monitor.load_state_dict(state["health"])
         if self.critic is not None and state.get("critic") is not None:
             self.critic.load_state_dict(state["critic"])
+        if self.rollout.tasks.curriculum is not None and state.get("curriculum") is not None:
+            self.rollout.tasks.curriculum.load_state_dict(state["curriculum"])
         set_rng_state(state["rng"])
         self.sync()
         self.version = int(state["policy_version"])

@@ -153,7 +153,8 @@ class RunPlan:
                        "episodes_per_step": self.groups_per_step * self.group_size,
                        "train": dict(Counter(self.train_groups)), "greedy_baselines": self.greedy_baselines,
                        "eval_episodes": len(self.val_groups), "eval": dict(Counter(self.val_groups))},
-            "rollout": {"max_staleness": r.max_staleness, "stale_samples": r.stale_samples},
+            "rollout": {"max_staleness": r.max_staleness, "stale_samples": r.stale_samples,
+                        **({"curriculum": asdict(r.curriculum)} if r.curriculum.enable else {})},
             "horizon": {"max_turns": self.max_turns, "update_tokens": self.update_horizon},
             "budgets": {"max_new_tokens": r.max_new_tokens, "max_episode_tokens": r.max_episode_tokens,
                         "max_model_len": r.max_model_len, "context": self.context},
@@ -193,6 +194,10 @@ class RunPlan:
                          f"({self.groups_per_step * self.group_size} trained): {_counts(self.train_groups)}")
         add("rollout", "on-policy (each step plays after the previous update)" if not r.max_staleness else
             f"streamed: episodes at most {r.max_staleness} policy version(s) old (older ones: {r.stale_samples})")
+        c = r.curriculum
+        if c.enable:
+            add("curriculum", f"tasks from a pool of {c.pool_size} per tag, {c.uniform_ratio:g} of groups drawn "
+                              f"uniformly, the others by rule {c.rule} (estimates: EMA {c.ema:g})")
         add("evaluation", f"{len(self.val_groups)} greedy episodes: {_counts(self.val_groups)}")
         add("horizon", f"{self.max_turns} turns; at most {self.update_horizon:g} generated tokens an episode")
         limit = f"{r.max_episode_tokens} tokens an episode" if r.max_episode_tokens else "no episode limit"

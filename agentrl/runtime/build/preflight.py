@@ -1,7 +1,7 @@
 """Every check of a run that needs no model, run before the model is built or warm-started.
 
 A warm start takes minutes on a fresh machine; a mistake that the config alone reveals must
-not wait for it. `preflight(cfg)` checks, in one line each: the advantage estimator, the user
+not wait for it. `preflight(cfg)` checks, in one line each: the advantage estimator, the curriculum rule, the user
 modules, every env type and its arguments (building and closing one env of each tag), every
 agent type and its arguments (building each agent with a stand-in tokenizer), the context
 limits (rollout.max_model_len against the model's context, read from model.tiny or from
@@ -21,7 +21,7 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.errors import ConfigError, RegistryError, shown
-from agentrl.registry import ESTIMATORS, load_builtins
+from agentrl.registry import CURRICULUM_RULES, ESTIMATORS, load_builtins
 from agentrl.runtime.build.engines import check_serving
 from agentrl.runtime.build.envs import import_user_modules, make_agent, make_env_factories, tag_plans
 from agentrl.runtime.build.plan_types import TagPlan
@@ -32,6 +32,7 @@ def preflight(cfg: Config) -> tuple[dict[str, Callable[[], Any]], tuple[TagPlan,
     load_builtins()
     import_user_modules(cfg.imports)  # first: a user's file may register the estimator or loss named below
     check_estimator(cfg)
+    check_curriculum_rule(cfg)
     check_context(cfg)
     check_lora(cfg)
     factories = make_env_factories(cfg)
@@ -47,6 +48,16 @@ def check_estimator(cfg: Config) -> None:
         ESTIMATORS.get(cfg.algorithm.adv_estimator)
     except RegistryError as e:
         raise ConfigError(f"algorithm.adv_estimator: {e}") from None
+
+
+def check_curriculum_rule(cfg: Config) -> None:
+    """rollout.curriculum.rule must name a registered rule (a user's module may register one)."""
+    import agentrl.rollout.curriculum  # noqa: F401 (registers the built-in rules)
+
+    try:
+        CURRICULUM_RULES.get(cfg.rollout.curriculum.rule)
+    except RegistryError as e:
+        raise ConfigError(f"rollout.curriculum.rule: {e}") from None
 
 
 def configured_context(cfg: Config) -> tuple[int | None, str]:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from agentrl.envs.service import close_env
+from agentrl.rollout.curriculum import Curriculum
 from agentrl.rollout.source import RolloutSource, rollout_source
 from agentrl.rollout.tasks import TaskSource
 from agentrl.runtime.build.engines import make_engine
@@ -31,9 +32,13 @@ def build_rollout(run_plan: RunPlan, model: Any, tokenizer: Tokenizer, device: t
 
 
 def task_source(run_plan: RunPlan) -> TaskSource:
-    """The groups of each training step and evaluation, drawn from the run's seed."""
+    """The groups of each training step and evaluation, drawn from the run's seed (and, with
+    rollout.curriculum.enable, from the curriculum's estimates)."""
+    c = run_plan.rollout.curriculum
+    curriculum = (Curriculum.from_config(c, run_plan.seed, run_plan.group_size, run_plan.train_groups)
+                  if c.enable else None)
     return TaskSource(run_plan.seed, run_plan.group_size, run_plan.train_groups, run_plan.val_groups,
-                      greedy_baselines=run_plan.greedy_baselines)
+                      greedy_baselines=run_plan.greedy_baselines, curriculum=curriculum)
 
 
 def eval_baselines(factories: dict[str, Callable]) -> dict[str, Callable]:
