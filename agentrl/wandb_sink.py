@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,9 @@ class WandbSink:
         # console/stats off: the run's own console and metrics already say it, and the stats
         # sampler is a background process per run.
         settings = wandb.Settings(console="off", x_disable_stats=True, silent=True)
+        # wandb.init replaces sys.exit and sys.excepthook with hooks of its own and never puts them
+        # back: a run inside a user's process (agentrl.api.fit) would leave them changed after it.
+        self._hooks = (sys.exit, sys.excepthook)
         self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "agentrl"), name=name, id=run_id,
                                dir=str(Path(run_dir)), mode=os.environ.get("WANDB_MODE", "offline"),
                                config=config or {}, resume="allow" if resume else None, settings=settings,
@@ -69,5 +73,8 @@ class WandbSink:
     def close(self) -> None:
         """Finish the W&B run (flushes the offline files)."""
         if self._run is not None:
-            self._run.finish()
-            self._run = None
+            try:
+                self._run.finish()
+            finally:
+                self._run = None
+                sys.exit, sys.excepthook = self._hooks

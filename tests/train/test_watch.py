@@ -40,7 +40,7 @@ def test_cross_scoring_with_a_shared_cache_equals_scoring_whole_sequences(tiny_m
 # Each step: 4 episodes of three-digit products played by the real tool agent on the real math env,
 # the model's replies written out per step; the trainer's watch reads the step's trajectories as
 # a run would, and warns of the alarms that start (the lines a run logs).
-@tool(name="test_multiply")
+@tool(name="watch_multiply")
 def multiply(a: int, b: int) -> str:
     """Multiply two numbers.
 
@@ -66,7 +66,7 @@ def _products():
 
 def _call(expr):
     a, b = (int(x) for x in expr.split(" * "))
-    return f'<tool_call>\n{{"name": "test_multiply", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
+    return f'<tool_call>\n{{"name": "watch_multiply", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
 
 
 def _watch_steps(tokenizer, actor, tmp_path, script, steps, make_env=_products, **agent_args):
@@ -112,14 +112,14 @@ def test_reward_rising_without_a_tool_call_on_a_task_that_needs_tools_raises_the
         return [f"<answer>{answer if step > 2 else 0}</answer>"]
 
     rows, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, direct, 6, make_env=NeedsToolsProducts,
-                               tools=["test_multiply"])
+                               tools=["watch_multiply"])
     assert [r["health/tool_use"] for r in rows] == [0.0] * 6
     assert [r["health/tool_task_reward"] for r in rows] == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     fired = _fired(lines, "reward_without_tools")
     assert len(fired) == 1 and "at step 4:" in fired[0] and "health.reward_without_tools_rise=0.1" in fired[0]
     assert [r["health/alarm_reward_without_tools"] for r in rows] == [0, 0, 0, 1, 1, 1]
     # declared by the config instead of the env: the same alarm
-    _, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, direct, 6, tools=["test_multiply"], needs_tools=True)
+    _, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, direct, 6, tools=["watch_multiply"], needs_tools=True)
     assert len(_fired(lines, "reward_without_tools")) == 1
 
 
@@ -128,7 +128,7 @@ def test_reward_rising_with_tool_calls_or_on_the_no_tool_baseline_raises_no_alar
         return [_call(expr), f"<answer>{answer if step > 2 else 0}</answer>"]
 
     rows, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, with_tool, 6, make_env=NeedsToolsProducts,
-                               tools=["test_multiply"])
+                               tools=["watch_multiply"])
     assert [r["health/tool_use"] for r in rows] == [1.0] * 6
     assert [r["health/tool_task_reward"] for r in rows] == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     assert not _fired(lines, "reward_without_tools") and not any(r["health/alarm_reward_without_tools"] for r in rows)
@@ -137,7 +137,7 @@ def test_reward_rising_with_tool_calls_or_on_the_no_tool_baseline_raises_no_alar
         return [f"<answer>{answer if step > 2 else 0}</answer>"]
 
     # the no-tool baseline (tools off) on the same task is not watched; nor is a task not declared
-    for args, make_env in (({"tools": []}, NeedsToolsProducts), ({"tools": ["test_multiply"]}, _products)):
+    for args, make_env in (({"tools": []}, NeedsToolsProducts), ({"tools": ["watch_multiply"]}, _products)):
         rows, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, direct, 6, make_env=make_env, **args)
         assert not _fired(lines, "reward_without_tools") and not any("health/tool_use" in r for r in rows)
 
@@ -148,7 +148,7 @@ def test_malformed_calls_rising_raise_the_alarm(tiny_tokenizer, actor, tmp_path)
         call = _call(expr) if step <= 3 else _call(expr).replace('"name": ', '"name" ')
         return [call, f"<answer>{answer}</answer>"]
 
-    rows, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, breaking, 7, tools=["test_multiply"])
+    rows, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, breaking, 7, tools=["watch_multiply"])
     assert [r["health/malformed_calls"] for r in rows] == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     fired = _fired(lines, "malformed_calls")
     assert len(fired) == 1 and "at step 5:" in fired[0] and "health.malformed_calls_rise=0.2" in fired[0]
@@ -161,7 +161,7 @@ def test_malformed_calls_falling_or_steady_raise_no_alarm(tiny_tokenizer, actor,
         call = _call(expr).replace('"name": ', '"name" ') if step <= 3 else _call(expr)
         return [call, f"<answer>{answer}</answer>"]
 
-    rows, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, learning, 7, tools=["test_multiply"])
+    rows, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, learning, 7, tools=["watch_multiply"])
     assert [r["health/malformed_calls"] for r in rows] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert not _fired(lines, "malformed_calls") and not any(r["health/alarm_malformed_calls"] for r in rows)
 
@@ -169,5 +169,5 @@ def test_malformed_calls_falling_or_steady_raise_no_alarm(tiny_tokenizer, actor,
         call = _call(expr).replace('"name": ', '"name" ') if k == 0 else _call(expr)
         return [call, f"<answer>{answer}</answer>"]
 
-    rows, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, steady, 7, tools=["test_multiply"])
+    rows, lines = _watch_steps(tiny_tokenizer, actor, tmp_path, steady, 7, tools=["watch_multiply"])
     assert [r["health/malformed_calls"] for r in rows] == [0.25] * 7 and not _fired(lines, "malformed_calls")
