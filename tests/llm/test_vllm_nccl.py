@@ -72,9 +72,11 @@ def test_a_run_training_on_a_cpu_is_refused_before_any_server_starts(tmp_path, t
     from agentrl.runtime.build.vllm_engine import vllm_engine
     from agentrl.runtime.plan import plan
 
+    if not Path(VLLM_PYTHON).is_file():  # the plan checks that the interpreter can start vLLM
+        pytest.skip(f"no vLLM environment at {VLLM_PYTHON}: run `make vllm` (or set AGENTRL_VLLM_PYTHON)")
     # device=auto on a machine without CUDA: the config check cannot know, the build step does
     cfg = load_config("configs/frozen_lake.yaml", ["engine.kind=vllm", "engine.vllm.weight_transfer=nccl",
-                                                   f"run_dir={tmp_path / 'run'}"])
+                                                   f"engine.vllm.python={VLLM_PYTHON}", f"run_dir={tmp_path / 'run'}"])
     model = build_model(TinyModelConfig(num_hidden_layers=1), tiny_tokenizer, seed=0)
     with pytest.raises(ConfigError) as err:
         vllm_engine(plan(cfg), model, tiny_tokenizer)

@@ -186,9 +186,7 @@ class VllmEngine:
                     self._nccl.connect()
                     if self._nccl_state is not None:
                         self._broadcast(self._nccl_state, self.policy_version, "wait")
-                    for name in self._adapters:
-                        control.load_lora(name, str((self.weights_dir / name).resolve()))
-                    control.set_weight_version(str(self.policy_version))
+                    self._load_current(control)  # its adapters and label (no weights file under NCCL)
             return self._epoch
 
     def _load_current(self, control: VllmControl) -> None:
