@@ -293,12 +293,11 @@ def check_runtime(cfg: Config) -> None:
                           "only (asynchronous rollout on Ray is not built yet); use rollout.max_staleness=0 or "
                           "runtime.kind=local")
     # Combinations the Ray runtime does not place yet: refused by name rather than run differently.
+    if cfg.engine.kind != "local":
+        _check_served_on_ray(cfg)
     if cfg.model.lora.enabled:
         raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with runtime.kind=ray: LoRA trains in the local "
                           "runtime only for now; use runtime.kind=local or model.lora.rank=0")
-    if cfg.engine.kind != "local":
-        raise ConfigError(f"engine.kind={cfg.engine.kind} with runtime.kind=ray: Ray places its own engine replicas "
-                          "(runtime.actor_infer); use engine.kind=local, or runtime.kind=local to generate on engine.urls")
     openai_tags = [tag for tag in cfg.env_definitions() if cfg.agent_for(tag).type == "openai"]
     if openai_tags:
         raise ConfigError(f"agent.type=openai (env group {openai_tags[0]!r}) with runtime.kind=ray: OpenAI-client "
@@ -318,6 +317,36 @@ def check_runtime(cfg: Config) -> None:
             raise ConfigError(f"runtime.weight_sync=nccl needs the engines on other GPUs than trainer rank 0 "
                               f"(GPU {sorted(train)[0]} is in runtime.actor_infer.device_mapping); NCCL cannot "
                               "broadcast between processes on one GPU: use weight_sync=auto")
+
+
+def _check_served_on_ray(cfg: Config) -> None:
+    """engine.kind=remote or vllm on Ray (runtime/ray/served.py): what the servers replace, one line each."""
+    e, rt = cfg.engine, cfg.runtime
+    kind = f"engine.kind={e.kind}"
+    if e.urls and rt.actor_infer != RoleConfig():
+        raise ConfigError(f"runtime.actor_infer is set but {kind} generates on engine.urls: a Ray run places no "
+                          "engine replica of its own then; drop the runtime.actor_infer settings")
+    if rt.weight_sync != "auto":
+        how = "over HTTP (engine.weights_dir or the request body)" if e.kind == "remote" else \
+            "through vLLM's weight transfer (engine.vllm.weight_transfer)"
+        raise ConfigError(f"runtime.weight_sync={rt.weight_sync} with {kind}: weights reach the servers {how}, not "
+                          "by runtime.weight_sync; leave it at auto")
+    if cfg.model.lora.enabled:
+        # Every push of an adapter gives it a new name, which the env managers' clients would not send.
+        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with {kind} and runtime.kind=ray: the env managers' "
+                          "clients would not name the adapter each push loads; use engine.kind=local on Ray, or "
+                          "runtime.kind=local")
+    if e.kind != "vllm" or e.urls:
+        return
+    if e.vllm.replicas != 1:
+        raise ConfigError(f"engine.vllm.replicas={e.vllm.replicas} with runtime.kind=ray: Ray starts one vLLM server "
+                          f"per engine replica; set runtime.actor_infer.world_size={e.vllm.replicas} instead")
+    if e.vllm.weight_transfer == "nccl":
+        train, infer = set(rt.actor_train.device_mapping[:1]), set(rt.actor_infer.device_mapping)
+        if not train or not infer or train & infer:
+            raise ConfigError("engine.vllm.weight_transfer=nccl broadcasts from trainer rank 0's GPU into the vLLM "
+                              "servers' GPUs: set runtime.actor_train.device_mapping and runtime.actor_infer."
+                              "device_mapping to distinct GPUs (or engine.vllm.weight_transfer=file)")
 
 
 def check_address(address: str) -> None:

@@ -95,3 +95,9 @@ class EngineConfig:
     """vLLM's name. On CUDA the engine replays its decode pass as CUDA graphs captured per padded
     batch size (a pass of a small model is bound by kernel launches); true runs every pass
     eagerly. On CPU every pass is eager either way."""
+
+    @property
+    def attached(self) -> bool:
+        """Whether generation runs on the given servers of engine.urls (engine.kind=remote, or vllm
+        attaching), rather than on engines the run builds or starts."""
+        return self.kind != "local" and bool(self.urls)

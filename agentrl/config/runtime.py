@@ -94,10 +94,15 @@ class RuntimeConfig:
 ADDRESS_FORM = re.compile(r"(?P<client>ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?")
 
 
-def placement_summary(rt: RuntimeConfig) -> str:
-    """One line naming every role's workers, where they run and how requests reach the engines."""
+def placement_summary(rt: RuntimeConfig, engine_kind: str = "local", attached: bool = False) -> str:
+    """One line naming every role's workers, where they run and how requests reach the engines
+    (`engine_kind`: engine.kind; `attached`: the engines are the servers of engine.urls)."""
     def where(role: RoleConfig) -> str:
         return f"GPUs {role.device_mapping}" if role.device_mapping else f"{role.num_cpus:g} CPU each"
-    return (f"actor_train {rt.actor_train.world_size} ({where(rt.actor_train)}), actor_infer "
-            f"{rt.actor_infer.world_size} ({where(rt.actor_infer)}), env_managers {rt.env_managers} "
-            f"({rt.env_manager_num_cpus:g} CPU each) reaching the engines by {rt.engine_transport}")
+    infer = (f"actor_infer {rt.actor_infer.world_size} ({where(rt.actor_infer)})"
+             + (" starting vLLM servers" if engine_kind == "vllm" else ""))
+    if attached:
+        infer = "actor_infer none (the servers of engine.urls)"
+    transport = rt.engine_transport if engine_kind == "local" else "http"  # served engines answer HTTP only
+    return (f"actor_train {rt.actor_train.world_size} ({where(rt.actor_train)}), {infer}, env_managers "
+            f"{rt.env_managers} ({rt.env_manager_num_cpus:g} CPU each) reaching the engines by {transport}")

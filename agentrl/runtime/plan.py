@@ -38,7 +38,8 @@ def plan(cfg: Config, tokenizer: Tokenizer | None = None) -> RunPlan:
     context, source = configured_context(cfg)
     r, rt = cfg.rollout, cfg.runtime
     reference = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward  # a KL term needs it: a copy and a forward
-    placement = plan_placement(rt, reference, cfg.critic.enable) if rt.kind == "ray" else None
+    attached = cfg.engine.attached  # generation on engine.urls: no engine replica to place
+    placement = plan_placement(rt, reference, cfg.critic.enable, not attached) if rt.kind == "ray" else None
     horizon = float(r.max_new_tokens * cfg.max_turns())  # the constant of the *-token-sum-norm loss modes
     if r.max_episode_tokens:
         horizon = min(horizon, float(r.max_episode_tokens))
@@ -54,7 +55,7 @@ def plan(cfg: Config, tokenizer: Tokenizer | None = None) -> RunPlan:
         cache_dir=str(cache_root(cfg)),
         warm_start_cache=None if cfg.model.path else str(cache_root(cfg) / f"tiny-{tiny_cache_key(cfg, tokenizer)}"),
         engine_key=engine_key(cfg) if cfg.engine.kind != "local" else None, placement=placement,
-        placement_summary=placement_summary(rt) if placement is not None else None)
+        placement_summary=placement_summary(rt, cfg.engine.kind, attached) if placement is not None else None)
 
 
 def save_plan(run_plan: RunPlan, run_dir: Path) -> None:

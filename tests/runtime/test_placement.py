@@ -4,6 +4,7 @@ cluster's resources as Ray reports them (runtime/ray/placement.py): pure functio
 import pytest
 
 from agentrl.config import load_config
+from agentrl.config.runtime import placement_summary
 from agentrl.errors import ConfigError
 from agentrl.runtime.ray.placement import HEAD, check_resources, choose_transport, plan_placement
 
@@ -30,7 +31,15 @@ def _cfg(*overrides):
     ([*RAY, "runtime.engine_transport=grpc"], "runtime.engine_transport"),
     (["runtime.engine_transport=http"], "runtime.engine_transport is set but runtime.kind=local"),
     ([*RAY, "model.lora.rank=8"], "LoRA trains in the local runtime only for now"),
-    ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]"], "Ray places its own engine replicas"),
+    ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "runtime.actor_infer.num_cpus=2"],
+     "runtime.actor_infer is set but engine.kind=remote generates on engine.urls"),
+    ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "runtime.weight_sync=shm"],
+     "runtime.weight_sync=shm with engine.kind=remote: weights reach the servers over HTTP"),
+    ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "model.lora.rank=8"],
+     "model.lora.rank=8 with engine.kind=remote and runtime.kind=ray"),
+    ([*RAY, "engine.kind=vllm", "engine.vllm.replicas=2"], "set runtime.actor_infer.world_size=2 instead"),
+    ([*RAY, "engine.kind=vllm", "engine.vllm.weight_transfer=nccl"],
+     "engine.vllm.weight_transfer=nccl broadcasts from trainer rank 0's GPU into the vLLM servers' GPUs"),
     ([*RAY, "agent.type=openai", "agent.args.entry=examples/openai_frozen_lake:run"],
      "OpenAI-client agents run in the local runtime only for now"),
 ])
@@ -99,3 +108,14 @@ def test_the_transport_follows_placement():
     assert choose_transport("file", here, [there]) == "file"
     with pytest.raises(ConfigError, match="weight_sync=shm needs every engine on trainer rank 0's node"):
         choose_transport("shm", here, [there])
+
+
+def test_a_run_on_engine_urls_places_no_engine_replica_and_says_so():
+    cfg = _cfg(*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "runtime.env_managers=2")
+    plan = plan_placement(cfg.runtime, reference=False, critic=False, engines=not cfg.engine.attached)
+    assert [w.role for w in plan.workers] == ["actor_train", "env_manager", "env_manager"]
+    assert "actor_infer none (the servers of engine.urls)" in placement_summary(cfg.runtime, "remote", True)
+    assert placement_summary(cfg.runtime, "remote", True).endswith("reaching the engines by http")
+    vllm = _cfg(*RAY, "engine.kind=vllm", "runtime.actor_infer.world_size=2")
+    assert [w.role for w in plan_placement(vllm.runtime, False, False, not vllm.engine.attached).workers].count(
+        "actor_infer") == 2

@@ -41,9 +41,10 @@ class Plan:
         return [w for w in self.workers if w.role == role]
 
 
-def plan_placement(rt: RuntimeConfig, reference: bool, critic: bool) -> Plan:
-    """Workers and bundles of the runtime section `rt` (reference / critic when the run uses them)."""
-    roles = [("actor_train", rt.actor_train), ("actor_infer", rt.actor_infer)]
+def plan_placement(rt: RuntimeConfig, reference: bool, critic: bool, engines: bool = True) -> Plan:
+    """Workers and bundles of the runtime section `rt` (reference / critic when the run uses them;
+    no engine replica when `engines` is false: the run generates on the servers of engine.urls)."""
+    roles = [("actor_train", rt.actor_train)] + [("actor_infer", rt.actor_infer)] * engines
     roles += [("reference", rt.reference)] * reference + [("critic", rt.critic)] * critic
     workers = [Worker(name, i, role.num_cpus, role.device_mapping[i] if role.device_mapping else None)
                for name, role in roles for i in range(role.world_size)]

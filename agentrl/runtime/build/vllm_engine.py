@@ -41,16 +41,7 @@ def vllm_engine(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> VllmEngi
     the adapters too)."""
     e, m = run_plan.engine, run_plan.model
     v = e.vllm
-    device = next(model.parameters()).device
-    if v.weight_transfer == "nccl" and device.type != "cuda":
-        raise ConfigError(f"engine.vllm.weight_transfer=nccl broadcasts from the trainer's GPU, and this run trains "
-                          f"on {device.type}: use engine.vllm.weight_transfer=file (or device=cuda on a GPU machine)")
-    common: dict[str, Any] = {
-        "pause_mode": run_plan.vllm_pause_mode, "seed": run_plan.seed,
-        "timeout": e.request_timeout, "max_retries": e.max_retries, "probe": lambda ids: policy_logprobs(model, ids),
-        "probe_ids": probe_ids(tokenizer), "probe_tolerance": v.probe_tolerance,
-        "restart_timeout": run_plan.runtime.restart_timeout, "max_restarts": run_plan.runtime.max_restarts,
-        "transfer": TRANSFERS[v.weight_transfer]}
+    common = engine_options(run_plan, model, tokenizer)
     if e.urls:
         served = VllmEngine(e.urls, Path(e.weights_dir).expanduser(), api_key=run_plan.engine_key, **common)
     else:
@@ -60,6 +51,26 @@ def vllm_engine(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> VllmEngi
                                    args=v.args, start_timeout=v.startup_timeout, lora_rank=m.lora.rank,
                                    max_model_len=run_plan.rollout.max_model_len or None, dtype=m.dtype,
                                    weights_dir=e.weights_dir, **common)
+    return with_initial_weights(served, model)
+
+
+def engine_options(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> dict[str, Any]:
+    """The `VllmEngine` arguments every way of reaching the servers shares: pause mode, seed, timeouts,
+    restarts, the weight transfer and the probe on `model`; checks that nccl can send from it."""
+    e, v = run_plan.engine, run_plan.engine.vllm
+    device = next(model.parameters()).device
+    if v.weight_transfer == "nccl" and device.type != "cuda":
+        raise ConfigError(f"engine.vllm.weight_transfer=nccl broadcasts from the trainer's GPU, and this run trains "
+                          f"on {device.type}: use engine.vllm.weight_transfer=file (or device=cuda on a GPU machine)")
+    return {"pause_mode": run_plan.vllm_pause_mode, "seed": run_plan.seed,
+            "timeout": e.request_timeout, "max_retries": e.max_retries, "probe": lambda ids: policy_logprobs(model, ids),
+            "probe_ids": probe_ids(tokenizer), "probe_tolerance": v.probe_tolerance,
+            "restart_timeout": run_plan.runtime.restart_timeout, "max_restarts": run_plan.runtime.max_restarts,
+            "transfer": TRANSFERS[v.weight_transfer]}
+
+
+def with_initial_weights(served: VllmEngine, model: Any) -> VllmEngine:
+    """`served` once it serves `model`'s weights as version 0 (closed, servers stopped, if that fails)."""
     try:
         served.load_weights({k: t.detach() for k, t in model.state_dict().items()}, version=0)
     except BaseException:

@@ -169,6 +169,7 @@ class Actors:
         self.prefix = f"agentrl-{uuid.uuid4().hex[:8]}-"
         self.handles: list[Any] = []
         self.keep: list[Any] = []  # object refs the actors read (on restarts too)
+        self.servers: list[Any] = []  # vLLM replica actors: their servers are stopped before they are killed
 
     def create(self, cls: type, name: str, worker: Any, pg: Any, args: tuple, **kw: Any) -> Any:
         """`cls(*args)` as a named actor in `worker`'s bundle."""
@@ -182,6 +183,9 @@ class Actors:
         """Kill every actor (no restart)."""
         import ray
 
+        with contextlib.suppress(Exception):
+            ray.get([h.stop.remote() for h in self.servers], timeout=60)
+        self.servers.clear()
         for handle in self.handles:
             with contextlib.suppress(Exception):
                 ray.kill(handle, no_restart=True)
@@ -225,11 +229,19 @@ def launch(cfg: Config, run_plan: RunPlan, pg: Any, model: Any, tokenizer: Token
     infer = placement.of("actor_infer")
     names = [f"engine-{w.index}" for w in infer]
     seeds = [run_plan.seed if w.index == 0 else mix(run_plan.seed, w.index) for w in infer]
-    engines = [actors.create(EngineActor, names[i], w, pg, (shared, w.index, seeds[i], key), max_restarts=restarts,
+    served = run_plan.engine.kind != "local"  # inference servers (runtime/ray/served.py)
+    replica_cls: type = EngineActor
+    if served:
+        key = uuid.uuid4().hex  # the key of the vLLM servers the replicas start (os.urandom)
+        if infer:
+            replica_cls = vllm_replicas(aplan, model, tokenizer)
+    engines = [actors.create(replica_cls, names[i], w, pg, (shared, w.index, seeds[i], key), max_restarts=restarts,
                              max_task_retries=0) for i, w in enumerate(infer)]
+    if served:
+        actors.servers = list(engines)
     managers = []
     for w in placement.of("env_manager"):
-        bound = bound_engines(w.index, rt.env_managers, len(engines))
+        bound = bound_engines(w.index, rt.env_managers, len(engines)) if engines else []
         managers.append(actors.create(EnvManagerActor, f"env_manager-{w.index}", w, pg,
                                       (shared, [engines[e] for e in bound], [names[e] for e in bound], w.index, key),
                                       max_restarts=restarts, max_task_retries=0))
@@ -248,11 +260,16 @@ def launch(cfg: Config, run_plan: RunPlan, pg: Any, model: Any, tokenizer: Token
         host, port = wait_all({"trainer rank 0": rank0.dist_address.remote()})["trainer rank 0"]
         wait_all({f"trainer rank {i}": h.init_dist.remote(host, port) for i, h in enumerate([rank0, *workers])},
                  timeout=rt.collective_timeout)
-    engine_infos = [{**started[n], "gpu": w.gpu} for n, w in zip(names, infer)]
-    transport = choose_transport(rt.weight_sync, {**started["trainer rank 0"], "gpu": train[0].gpu}, engine_infos)
-    parts = {"engines": engines, "engine_names": names, "managers": managers,
-             "transport": "object_store" if transport == "nccl" else transport,
-             "weights_dir": str(Path(aplan.run_dir) / ".weight_sync")}
+    if served:  # rank 0 pushes through the engine the local runtime would build on these servers
+        transport = served_transport(run_plan)
+        parts = {"engines": [], "engine_names": [], "managers": managers, "transport": "object_store",
+                 "weights_dir": "", "served": {"replicas": engines, "api_key": key}}
+    else:
+        engine_infos = [{**started[n], "gpu": w.gpu} for n, w in zip(names, infer)]
+        transport = choose_transport(rt.weight_sync, {**started["trainer rank 0"], "gpu": train[0].gpu}, engine_infos)
+        parts = {"engines": engines, "engine_names": names, "managers": managers,
+                 "transport": "object_store" if transport == "nccl" else transport,
+                 "weights_dir": str(Path(aplan.run_dir) / ".weight_sync")}
     wait_all({"trainer rank 0": rank0.setup.remote(parts, workers, roles.get("reference"), roles.get("critic"))})
     if transport == "nccl":
         host, port = wait_all({"trainer rank 0": rank0.weight_group_address.remote()})["trainer rank 0"]
@@ -261,6 +278,26 @@ def launch(cfg: Config, run_plan: RunPlan, pg: Any, model: Any, tokenizer: Token
                   **{n: e.join_weight_group.remote(host, port, i + 1, size, "nccl")
                      for i, (n, e) in enumerate(zip(names, engines))}}, timeout=rt.collective_timeout)
     return RayRun(rank0, workers, run_dir, cfg, transport)
+
+
+def vllm_replicas(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> type:
+    """The actor class of engine.kind=vllm replicas, once the model folder their servers start from
+    exists (the embedded policy is written to the run folder here)."""
+    from agentrl.models.loading import save_pretrained
+    from agentrl.runtime.ray.vllm_replica import VllmReplicaActor, model_folder
+
+    folder = model_folder(run_plan)
+    if not run_plan.model.path:
+        save_pretrained(model, tokenizer, folder)
+    return VllmReplicaActor
+
+
+def served_transport(run_plan: RunPlan) -> str:
+    """How weights reach served engines, for the start-up line."""
+    e = run_plan.engine
+    if e.kind == "vllm":
+        return f"vLLM's weight transfer ({e.vllm.weight_transfer})"
+    return f"HTTP to engine.urls ({'engine.weights_dir' if e.weights_dir else 'request body'})"
 
 
 def bound_engines(manager: int, managers: int, engines: int) -> list[int]:

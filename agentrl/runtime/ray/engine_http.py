@@ -25,11 +25,12 @@ class HttpEngineClient:
     """An LLMClient over the HTTP servers of the engine replicas bound to one env manager."""
 
     def __init__(self, handles: list[Any], names: list[str], api_key: str, restart_timeout: float = 120.0,
-                 request_timeout: float = 600.0, seed: int = 0) -> None:
+                 request_timeout: float = 600.0, seed: int = 0, protocol: str = "agentrl") -> None:
         if not handles:
             raise ValueError("HttpEngineClient needs at least one engine replica")
         self.handles, self.names, self.api_key = handles, names, api_key
         self.restart_timeout, self.request_timeout, self.seed = restart_timeout, request_timeout, seed
+        self.protocol = protocol  # agentrl (EngineActor's servers) or vllm (VllmReplicaActor's: runtime/ray/vllm_replica.py)
         self.remote: RemoteEngine | None = None
         self._lock: asyncio.Lock | None = None  # made in the actor's event loop
         self._refreshes = 0  # times the URLs were asked again (requests that failed before one need not ask)
@@ -56,8 +57,10 @@ class HttpEngineClient:
             if self.remote is None:
                 # One retry only: on loopback or a cluster network a failure is a dead replica,
                 # and waiting for its restart is this client's job, not a blind backoff's.
-                self.remote = RemoteEngine(await self.urls(), "agentrl", api_key=self.api_key,
+                self.remote = RemoteEngine(await self.urls(), self.protocol, api_key=self.api_key,
                                            timeout=self.request_timeout, max_retries=1, retry_delay=0.1, seed=self.seed)
+                if self.protocol == "vllm":  # the replicas label their weights with our versions (VllmEngine)
+                    self.remote.wire.server_versions = True
             return list(self.remote.urls)
 
     async def _refresh(self, seen: int) -> None:

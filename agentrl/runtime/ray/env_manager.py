@@ -1,7 +1,8 @@
 """An env manager as a Ray actor (ROLL's name): it builds every tag's envs and agents from the
 config and plays the episodes of the groups it is given, all at once, with the same collector
 as the local runtime (rollout/collector.py: retries, timeouts, failed groups dropped), against
-the engine replicas bound to it (by Ray actor calls, or over HTTP: runtime.engine_transport)."""
+the engine replicas bound to it (by Ray actor calls, or over HTTP: runtime.engine_transport), or
+against the inference servers of engine.kind=remote / vllm (runtime/ray/served.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from agentrl.rollout.collector import CollectResult
 from agentrl.runtime.build.envs import bind, import_user_modules, make_budget, make_collector
 from agentrl.runtime.ray.engine_client import RayEngineClient
 from agentrl.runtime.ray.engine_http import HttpEngineClient
+from agentrl.runtime.ray.served import served_client
 from agentrl.runtime.ray.workers import SharedSpec, node_id, setup_worker
 from agentrl.trajectory import Task
 
@@ -27,7 +29,9 @@ class EnvManagerActor:
         run_plan = bind(spec.plan)
         self.index = index
         self.client: Any
-        if rt.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
+        if run_plan.engine.kind != "local":  # inference servers over HTTP (runtime/ray/served.py)
+            self.client = served_client(run_plan, engines, engine_names, api_key, index)
+        elif rt.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
             self.client = HttpEngineClient(engines, engine_names, api_key or "", rt.restart_timeout,
                                            run_plan.engine.request_timeout, seed=run_plan.seed + index)
         else:
@@ -40,6 +44,12 @@ class EnvManagerActor:
         """Play `tasks` (whole groups) to the end; `first_attempt` > 0 replays tasks whose
         earlier attempts died with a previous incarnation of this actor."""
         return await self.collector.acollect(tasks, first_attempt)
+
+    async def set_policy_version(self, version: int) -> None:
+        """The version trainer rank 0 last pushed to the servers (engine.kind=remote / vllm): a client
+        stamps it on ids where the servers do not, as the local run's engine does."""
+        if hasattr(self.client, "policy_version"):
+            self.client.policy_version = version
 
     async def info(self) -> dict[str, Any]:
         """Where it runs (and, over HTTP, the engine servers it reaches: started now, not mid-step)."""

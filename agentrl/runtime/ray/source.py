@@ -28,6 +28,7 @@ from agentrl.rollout.source import GroupFilter, StepRollout, fill_step
 from agentrl.runtime.build.plan_types import RunPlan
 from agentrl.runtime.build.rollout import task_source
 from agentrl.runtime.ray.engine_client import first_line
+from agentrl.runtime.ray.served import ServedEngine
 from agentrl.runtime.ray.weight_sync import WeightPayload, make_transport
 from agentrl.trajectory import Task
 
@@ -71,7 +72,8 @@ class RaySource:
     """On-policy groups played by env-manager actors; weights pushed to every engine replica."""
 
     def __init__(self, run_plan: RunPlan, weights: Callable[[], dict[str, Any]], engines: list[Any],
-                 engine_names: list[str], managers: list[Any], transport: str, weights_dir: str) -> None:
+                 engine_names: list[str], managers: list[Any], transport: str, weights_dir: str,
+                 served: ServedEngine | None = None) -> None:
         import ray
 
         self.runtime = run_plan.runtime
@@ -82,7 +84,8 @@ class RaySource:
         self.fallback = make_transport("object_store")  # for a restarted replica, and after a broadcast broke
         self.max_retries = run_plan.rollout.max_retries
         self.restart_timeout = run_plan.runtime.restart_timeout
-        self._version = ray.get(engines[0].info.remote())["version"]
+        self.served = served  # engine.kind=remote / vllm: the servers, driven from here (runtime/ray/served.py)
+        self._version = served.policy_version if served is not None else ray.get(engines[0].info.remote())["version"]
         self._synced = False  # whether any update has reached the engines (else a restarted one is current)
         self._stats = dict.fromkeys(("sync_seconds", "sync_bytes", "engine_restarts", "manager_restarts"), 0.0)
         self._gone: set[int] = set()  # env managers that died for good: later steps split among the rest
@@ -111,11 +114,17 @@ class RaySource:
     def evaluate(self) -> CollectResult:
         """Play the evaluation tasks, then make every replica forget them."""
         result = self._play(self.tasks.evaluation())
-        self._on_engines("forget")
+        if self.served is not None:
+            self.served.forget()
+        else:
+            self._on_engines("forget")
         return result
 
     def load_weights(self, weights: dict[str, Any]) -> int:
         """Send the new weights to every replica; returns the new policy version."""
+        if self.served is not None:
+            self._version = self.served.load_weights(weights, self._version + 1)
+            return self._version
         self._push(list(range(len(self.engines))), weights, self._version + 1, self.transport)
         self._version += 1
         self._synced = True
@@ -123,7 +132,7 @@ class RaySource:
 
     def pop_metrics(self) -> dict[str, float]:
         """The replicas' perf/engine_* counters, the weight sync's time and size, restarts."""
-        out = merge_engine_metrics(self._on_engines("pop_metrics"))
+        out = self.served.pop_metrics() if self.served is not None else merge_engine_metrics(self._on_engines("pop_metrics"))
         s = self._stats
         if s["sync_bytes"]:
             out["perf/weight_sync_seconds"] = s["sync_seconds"]
@@ -135,6 +144,8 @@ class RaySource:
 
     def checkpoint(self) -> dict[str, Any]:
         """Every replica's state (replica 0's also as the one-engine state a local run reads)."""
+        if self.served is not None:
+            return {"engine": self.served.state_dict(), "stream": None}
         states = self._on_engines("state")
         return {"engine": {**states[0], "replicas": states}, "stream": None}
 
@@ -143,6 +154,10 @@ class RaySource:
         import ray
 
         engine = state["engine"]
+        if self.served is not None:
+            self.served.load_state_dict(engine)
+            self._version = self.served.policy_version
+            return
         replicas = engine.get("replicas") or [engine]
         self._on_engines("needs_weights")  # every replica up
         ray.get([e.restore.remote({k: v for k, v in replicas[i if i < len(replicas) else 0].items()
@@ -198,6 +213,8 @@ class RaySource:
         return total
 
     def _submit(self, job: _Job) -> None:
+        if self.served is not None:  # its client stamps ids with it where the servers do not (called in order)
+            self.managers[job.manager].set_policy_version.remote(self._version)
         job.ref = self.managers[job.manager].collect.remote(job.tasks, job.attempt)
         job.deadline = 0.0
 
@@ -280,6 +297,10 @@ class RaySource:
     def _heal_engines(self) -> None:
         """Give restarted replicas the current weights (they serve nothing until then)."""
         import ray
+
+        if self.served is not None:
+            self.served.heal()
+            return
 
         refs = [e.needs_weights.remote() for e in self.engines]
         ready = set(ray.wait(refs, num_returns=len(refs), timeout=POLL)[0])

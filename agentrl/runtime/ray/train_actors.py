@@ -229,9 +229,13 @@ class TrainerActor(TrainRank):
 
     def setup(self, source_parts: dict[str, Any], workers: list[Any], reference: Any, critic: Any) -> int:
         """Build the trainer over the placed parts; returns the policy version the engines serve."""
+        from agentrl.runtime.ray.served import build_served
         from agentrl.runtime.ray.source import RaySource
 
-        self.source = RaySource(self.plan, weights=lambda: self.model.state_dict(), **source_parts)
+        served = source_parts.pop("served", None)  # engine.kind=remote / vllm: rank 0 drives the servers
+        if served is not None:
+            served = build_served(self.plan, self.model, self.tokenizer, served["replicas"], served["api_key"])
+        self.source = RaySource(self.plan, weights=lambda: self.model.state_dict(), served=served, **source_parts)
         actor = ShardedActor(self.actor, workers) if workers else self.actor
         self.trainer = Trainer(self.spec.cfg, actor, self.source, self.tokenizer, self.run_dir,
                                eval_baselines=eval_baselines(bind(self.plan).factories),

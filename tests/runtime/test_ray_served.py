@@ -1,0 +1,111 @@
+"""Served engines on the Ray runtime (runtime/ray/served.py), on a two-node cluster of this machine:
+engine.kind=remote on an `agentrl serve` subprocess gives the local run's metrics, and
+engine.kind=vllm starts its replicas' vLLM servers as Ray actors, trains on them and syncs them
+(skipped, saying why, without the vLLM environment)."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from agentrl.config import load_config  # noqa: E402
+from agentrl.metrics import read_jsonl  # noqa: E402
+from agentrl.runtime.local import train  # noqa: E402
+from test_ray_runtime import ENGINE_LOGPROB_KEYS, LAKE, cache, cluster  # noqa: E402,F401  (the module's fixtures)
+
+pytestmark = pytest.mark.ray
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = os.environ.get("AGENTRL_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
+# Warm-started enough that rewards differ within a group (as the Ray runtime's own equality tests)
+SERVED = [*LAKE, "model.warm_start.max_steps=60", "rollout.batch_size=8", "rollout.group_size=4"]
+
+
+def _rows(run_dir):
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def served(cache):
+    """`agentrl serve` of the runs' own config in a subprocess, on loopback (its URL)."""
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", "configs/frozen_lake.yaml", *SERVED,
+                             "serve.port=0", "serve.api_key=secret", f"model.cache_dir={cache}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    line = proc.stdout.readline()
+    if not line.startswith("agentrl serve: "):
+        proc.kill()
+        pytest.fail(f"agentrl serve did not start: {line}{proc.stderr.read()[-2000:]}")
+    yield line.split()[2]
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def test_a_ray_run_on_a_remote_engine_gives_the_local_runs_metrics(cluster, cache, served, tmp_path):
+    """engine.kind=remote with runtime.kind=ray: no engine replica is placed, the env manager
+    generates on engine.urls, trainer rank 0 pushes version 0 and then every update to the server;
+    every metric but perf/ equals the local run's on the same server (the engine's own logprobs to
+    the last float bits: the server batches requests as they arrive)."""
+    runs, logs = {}, []
+    for kind in ("local", "ray"):
+        cfg = load_config("configs/frozen_lake.yaml", [
+            *SERVED, f"model.cache_dir={cache}", f"run_dir={tmp_path / kind}", f"runtime.kind={kind}",
+            "engine.kind=remote", f"engine.urls=[{served}]", "engine.api_key=secret"])
+        runs[kind] = train(cfg, log=logs.append)
+        assert httpx.get(served + "/health").json()["policy_version"] == 3  # version 0, then each of 3 updates
+    local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "ray")
+    assert [r["step"] for r in remote] == [r["step"] for r in local] == [0, 1, 2, 3, 3]
+    assert any("actor_infer none (the servers of engine.urls)" in m and "reaching the engines by http" in m
+               for m in logs), logs
+    assert any(r.get("loss/policy") for r in local) and len({r.get("reward/mean") for r in local[1:4]}) > 1
+    assert [r.keys() for r in remote] == [r.keys() for r in local]
+    for mine, theirs in zip(remote, local):
+        assert {k: v for k, v in mine.items() if k not in ENGINE_LOGPROB_KEYS} == \
+            {k: v for k, v in theirs.items() if k not in ENGINE_LOGPROB_KEYS}
+        assert all(mine[k] == pytest.approx(theirs[k], abs=1e-6) for k in ENGINE_LOGPROB_KEYS if k in mine)
+    assert all(r["perf/engine_requests"] > 0 for r in read_jsonl(tmp_path / "ray" / "metrics.jsonl")
+               if "reward/mean" in r)  # the server's own count of the env manager's requests
+    assert runs["ray"]["eval_success_after"] == runs["local"]["eval_success_after"]
+
+
+# The embedded default, smaller (head size 32, as vLLM's CPU attention takes), 2 steps (tests/e2e/test_vllm_launch.py)
+VLLM_SMALL = ["model.tiny.num_hidden_layers=1", "model.tiny.vocab_size=300", "model.warm_start.max_steps=4",
+              "model.warm_start.batch_size=4", "rollout.batch_size=4", "rollout.group_size=2",
+              "actor.ppo_mini_batch_size=4", "actor.micro_batch_size=2", "env.max_turns=2", "env.args.max_steps=2",
+              "rollout.max_new_tokens=12", "trainer.total_steps=2", "trainer.test_freq=0", "trainer.eval_episodes=2",
+              "trainer.save_freq=0", "trainer.progress=false", "trainer.logger=[jsonl]"]
+
+
+@pytest.mark.skipif(not Path(VLLM_PYTHON).is_file(), reason=f"no vLLM environment at {VLLM_PYTHON}: run `make vllm` "
+                    "(or set AGENTRL_VLLM_PYTHON)")
+def test_a_ray_run_on_vllm_starts_a_server_per_replica_trains_on_it_and_syncs_it(cluster, cache, tmp_path):
+    """engine.kind=vllm with runtime.kind=ray: the actor_infer replica starts a vLLM server (the CPU
+    build here) from the embedded policy the driver wrote, the env manager generates on it, trainer
+    rank 0 pushes every update through vLLM's weight transfer and checks it on the probe (the
+    server's version label and its logprobs of fixed ids), and the server stops with the run."""
+    run, logs = tmp_path / "run", []
+    cfg = load_config("configs/frozen_lake.yaml", [
+        *VLLM_SMALL, f"model.cache_dir={cache}", f"run_dir={run}", "runtime.kind=ray", "engine.kind=vllm",
+        f"engine.vllm.python={VLLM_PYTHON}", "engine.vllm.args=[--enforce-eager]", "runtime.restart_timeout=1800"])
+    summary = train(cfg, log=logs.append)
+    assert summary["steps"] == 2
+    assert any("actor_infer 1 (1 CPU each) starting vLLM servers" in m for m in logs), logs
+    assert any("weights by vLLM's weight transfer (file)" in m for m in logs), logs
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r]
+    # every push (versions 1 and 2) was labelled and scored by the server as the trainer scores it
+    assert [r["step"] for r in rows] == [1, 2] and all(r["policy/engine_probe_diff"] <= 1e-3 for r in rows)
+    assert all(r["rollout/episodes"] == 4 and r["rollout/errors"] == 0 and r["rollout/response_tokens"] > 0
+               for r in rows)
+    assert all(r["rollout/staleness_max"] == 0 for r in rows)  # the ids carry the version just pushed
+    assert (run / "vllm" / "model" / "config.json").is_file()
+    (log,) = (run / "vllm" / "replica-0").glob("vllm-*.log")
+    port = int(log.stem.split("-")[1])
+    for host in ("127.0.0.1", ray.util.get_node_ip_address()):  # stopped with the run
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://{host}:{port}/health", timeout=5)
