@@ -84,28 +84,38 @@ VLLM_SMALL = ["model.tiny.num_hidden_layers=1", "model.tiny.vocab_size=300", "mo
 
 @pytest.mark.skipif(not Path(VLLM_PYTHON).is_file(), reason=f"no vLLM environment at {VLLM_PYTHON}: run `make vllm` "
                     "(or set AGENTRL_VLLM_PYTHON)")
-def test_a_ray_run_on_vllm_starts_a_server_per_replica_trains_on_it_and_syncs_it(cluster, cache, tmp_path):
+def test_a_ray_run_on_vllm_starts_a_server_per_replica_syncs_it_and_restarts_it_when_killed(cluster, cache, tmp_path):
     """engine.kind=vllm with runtime.kind=ray: the actor_infer replica starts a vLLM server (the CPU
     build here) from the embedded policy the driver wrote, the env manager generates on it, trainer
     rank 0 pushes every update through vLLM's weight transfer and checks it on the probe (the
-    server's version label and its logprobs of fixed ids), and the server stops with the run."""
+    server's version label and its logprobs of fixed ids). The env kills the server in step 2: it
+    is started again, given version 1 before it serves, and the run trains on; every server stops
+    with the run."""
     run, logs = tmp_path / "run", []
     cfg = load_config("configs/frozen_lake.yaml", [
         *VLLM_SMALL, f"model.cache_dir={cache}", f"run_dir={run}", "runtime.kind=ray", "engine.kind=vllm",
-        f"engine.vllm.python={VLLM_PYTHON}", "engine.vllm.args=[--enforce-eager]", "runtime.restart_timeout=1800"])
+        f"engine.vllm.python={VLLM_PYTHON}", "engine.vllm.args=[--enforce-eager]", "runtime.restart_timeout=1800",
+        f"imports=[{Path(__file__).parent / 'vllm_replica_env.py'}]", "env.type=replica_killing_lake",
+        f"env.args.kill_after={run / 'vllm' / 'vllm-weights' / 'policy-v1.safetensors'}",
+        f"env.args.model={run / 'vllm' / 'model'}"])
     summary = train(cfg, log=logs.append)
-    assert summary["steps"] == 2
+    assert summary["steps"] == 2 and (run / "vllm" / "killed").exists()
     assert any("actor_infer 1 (1 CPU each) starting vLLM servers" in m for m in logs), logs
     assert any("weights by vLLM's weight transfer (file)" in m for m in logs), logs
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r]
     # every push (versions 1 and 2) was labelled and scored by the server as the trainer scores it
     assert [r["step"] for r in rows] == [1, 2] and all(r["policy/engine_probe_diff"] <= 1e-3 for r in rows)
-    assert all(r["rollout/episodes"] == 4 and r["rollout/errors"] == 0 and r["rollout/response_tokens"] > 0
-               for r in rows)
-    assert all(r["rollout/staleness_max"] == 0 for r in rows)  # the ids carry the version just pushed
+    assert [r["perf/vllm_restarts"] for r in rows] == [0.0, 1.0]  # restarted in step 2, which then trained
+    assert all(r["rollout/response_tokens"] > 0 for r in rows) and rows[0]["rollout/errors"] == 0
+    # the restarted server labelled its ids with version 1 before any episode reached it
+    assert all(r["rollout/staleness_max"] == 0 for r in rows)
     assert (run / "vllm" / "model" / "config.json").is_file()
-    (log,) = (run / "vllm" / "replica-0").glob("vllm-*.log")
-    port = int(log.stem.split("-")[1])
-    for host in ("127.0.0.1", ray.util.get_node_ip_address()):  # stopped with the run
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(f"http://{host}:{port}/health", timeout=5)
+    logs = sorted((run / "vllm" / "replica-0").glob("vllm-*.log"))
+    assert len(logs) == 2  # the first server, and the one started after it died
+    for log in logs:
+        port = int(log.stem.split("-")[1])
+        for host in ("127.0.0.1", ray.util.get_node_ip_address()):  # stopped with the run
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(f"http://{host}:{port}/health", timeout=5)
+    print(f"vLLM server killed in step 2: {rows[1]['rollout/errors']:g} episode attempts failed and were retried; "
+          f"groups dropped {rows[1].get('rollout/dropped_groups', 0):g}")
