@@ -74,7 +74,8 @@ class RuntimeConfig:
     step with its clients, so a run's batches, and metrics, equal the local runtime's) or http
     (each replica serves the agentrl HTTP API on its node's IP, port 0, a random key per run; env
     managers hold a RemoteEngine on those URLs, the contract of engine.kind=remote). Weights reach
-    the replicas by runtime.weight_sync either way."""
+    the replicas by runtime.weight_sync either way. Served engines (engine.kind=remote / vllm) are
+    always reached over HTTP."""
     placement_timeout: float = 60.0
     """Seconds to wait for the cluster to place every actor before failing with what is missing."""
     max_restarts: int = 3

@@ -117,5 +117,5 @@ def test_a_run_on_engine_urls_places_no_engine_replica_and_says_so():
     assert "actor_infer none (the servers of engine.urls)" in placement_summary(cfg.runtime, "remote", True)
     assert placement_summary(cfg.runtime, "remote", True).endswith("reaching the engines by http")
     vllm = _cfg(*RAY, "engine.kind=vllm", "runtime.actor_infer.world_size=2")
-    assert [w.role for w in plan_placement(vllm.runtime, False, False, not vllm.engine.attached).workers].count(
-        "actor_infer") == 2
+    workers = plan_placement(vllm.runtime, False, False, not vllm.engine.attached).workers
+    assert [w.role for w in workers].count("actor_infer") == 2

@@ -62,8 +62,8 @@ def engine_options(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> dict[
     if v.weight_transfer == "nccl" and device.type != "cuda":
         raise ConfigError(f"engine.vllm.weight_transfer=nccl broadcasts from the trainer's GPU, and this run trains "
                           f"on {device.type}: use engine.vllm.weight_transfer=file (or device=cuda on a GPU machine)")
-    return {"pause_mode": run_plan.vllm_pause_mode, "seed": run_plan.seed,
-            "timeout": e.request_timeout, "max_retries": e.max_retries, "probe": lambda ids: policy_logprobs(model, ids),
+    return {"pause_mode": run_plan.vllm_pause_mode, "seed": run_plan.seed, "timeout": e.request_timeout,
+            "max_retries": e.max_retries, "probe": lambda ids: policy_logprobs(model, ids),
             "probe_ids": probe_ids(tokenizer), "probe_tolerance": v.probe_tolerance,
             "restart_timeout": run_plan.runtime.restart_timeout, "max_restarts": run_plan.runtime.max_restarts,
             "transfer": TRANSFERS[v.weight_transfer]}

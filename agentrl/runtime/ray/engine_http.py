@@ -30,7 +30,7 @@ class HttpEngineClient:
             raise ValueError("HttpEngineClient needs at least one engine replica")
         self.handles, self.names, self.api_key = handles, names, api_key
         self.restart_timeout, self.request_timeout, self.seed = restart_timeout, request_timeout, seed
-        self.protocol = protocol  # agentrl (EngineActor's servers) or vllm (VllmReplicaActor's: runtime/ray/vllm_replica.py)
+        self.protocol = protocol  # agentrl (EngineActor's servers) or vllm (runtime/ray/vllm_replica.py's)
         self.remote: RemoteEngine | None = None
         self._lock: asyncio.Lock | None = None  # made in the actor's event loop
         self._refreshes = 0  # times the URLs were asked again (requests that failed before one need not ask)

@@ -12,6 +12,10 @@ attempt (rollout.max_retries; when none is left their groups are dropped whole).
 replica that dies fails the requests it held (the collector retries those episodes as engine
 errors); once restarted it waits, serving nothing, until this source has given it the current
 weights, which it checks for while it waits on the env managers.
+
+Served engines (engine.kind=remote / vllm, runtime/ray/served.py): the env managers generate on
+inference servers, and this source pushes weights, checkpoints and heals through `served`, the
+engine the local runtime would build on them.
 """
 
 from __future__ import annotations
@@ -132,7 +136,10 @@ class RaySource:
 
     def pop_metrics(self) -> dict[str, float]:
         """The replicas' perf/engine_* counters, the weight sync's time and size, restarts."""
-        out = self.served.pop_metrics() if self.served is not None else merge_engine_metrics(self._on_engines("pop_metrics"))
+        if self.served is not None:
+            out = self.served.pop_metrics()
+        else:
+            out = merge_engine_metrics(self._on_engines("pop_metrics"))
         s = self._stats
         if s["sync_bytes"]:
             out["perf/weight_sync_seconds"] = s["sync_seconds"]
