@@ -59,4 +59,6 @@ def test_agentrl_plan_describes_the_vllm_servers_and_checks_the_interpreter(tmp_
     vllm = json.loads(capsys.readouterr().out)["engine"]["vllm"]
     assert vllm["python"] == str(python) and vllm["pause_mode"] == "keep" and vllm["probe_tolerance"] == 1e-3
     assert not (tmp_path / "run").exists()  # agentrl plan makes nothing
+    assert main([*args[:-2], "runtime.kind=ray", "runtime.actor_infer.world_size=2", *args[-1:]]) == 0
+    assert "vllm, 2 server(s) started by the engine replicas (one each) with" in capsys.readouterr().out
 

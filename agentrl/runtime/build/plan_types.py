@@ -132,7 +132,8 @@ class RunPlan:
         """engine.kind=vllm as this run would start or attach to the servers."""
         e, v = self.engine, self.engine.vllm
         python, source = vllm_python(v.python)
-        return {"servers": "attached: engine.urls" if e.urls else f"{v.replicas} started by the run",
+        started = f"{self.runtime.actor_infer.world_size if self.runtime.kind == 'ray' else v.replicas} started by the run"
+        return {"servers": "attached: engine.urls" if e.urls else started,
                 "python": None if e.urls else python, "python_source": None if e.urls else source,
                 "args": list(v.args), "startup_timeout": v.startup_timeout, "probe_tolerance": v.probe_tolerance,
                 "weight_transfer": v.weight_transfer,
@@ -209,9 +210,10 @@ class RunPlan:
                         f"save every {s.save_freq or '-'} (and at the end)")
         if e.kind == "vllm":
             v = self._vllm()
+            started = (f"{self.runtime.actor_infer.world_size} server(s) started by the engine replicas (one each)"
+                       if self.runtime.kind == "ray" else f"{e.vllm.replicas} server(s) started by the run on loopback")
             where = (f"attached to {len(e.urls)} server(s): {', '.join(e.urls)}" if e.urls else
-                     f"{e.vllm.replicas} server(s) started by the run on loopback with {v['python']} "
-                     f"({v['python_source']}), ready within {e.vllm.startup_timeout:g} s")
+                     f"{started} with {v['python']} ({v['python_source']}), ready within {e.vllm.startup_timeout:g} s")
             add("engine", f"vllm, {where}" + (f"; server args {' '.join(e.vllm.args)}" if e.vllm.args else ""))
             add("", f"each sync: pause ({v['pause_mode']}), weights from {v['weights_dir']}, version label, resume; "
                     f"then the probe within {e.vllm.probe_tolerance:g} nats of the trainer")
