@@ -132,7 +132,8 @@ class RunPlan:
         """engine.kind=vllm as this run would start or attach to the servers."""
         e, v = self.engine, self.engine.vllm
         python, source = vllm_python(v.python)
-        started = f"{self.runtime.actor_infer.world_size if self.runtime.kind == 'ray' else v.replicas} started by the run"
+        count = self.runtime.actor_infer.world_size if self.runtime.kind == "ray" else v.replicas
+        started = f"{count} started by the run"
         return {"servers": "attached: engine.urls" if e.urls else started,
                 "python": None if e.urls else python, "python_source": None if e.urls else source,
                 "args": list(v.args), "startup_timeout": v.startup_timeout, "probe_tolerance": v.probe_tolerance,
