@@ -14,6 +14,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from agentrl import cli  # noqa: E402
 from agentrl.config import load_config  # noqa: E402
 from agentrl.metrics import read_jsonl  # noqa: E402
 from agentrl.runtime.local import train  # noqa: E402
@@ -51,7 +52,8 @@ def test_a_ray_run_on_a_remote_engine_gives_the_local_runs_metrics(cluster, cach
     """engine.kind=remote with runtime.kind=ray: no engine replica is placed, the env manager
     generates on engine.urls, trainer rank 0 pushes version 0 and then every update to the server;
     every metric but perf/ equals the local run's on the same server (the engine's own logprobs to
-    the last float bits: the server batches requests as they arrive)."""
+    the last float bits: the server batches requests as they arrive), and so does a step more
+    after `agentrl resume` of each."""
     runs, logs = {}, []
     for kind in ("local", "ray"):
         cfg = load_config("configs/frozen_lake.yaml", [
@@ -72,6 +74,14 @@ def test_a_ray_run_on_a_remote_engine_gives_the_local_runs_metrics(cluster, cach
     assert all(r["perf/engine_requests"] > 0 for r in read_jsonl(tmp_path / "ray" / "metrics.jsonl")
                if "reward/mean" in r)  # the server's own count of the env manager's requests
     assert runs["ray"]["eval_success_after"] == runs["local"]["eval_success_after"]
+    # `agentrl resume` of each, one step more: the server continues from the checkpoint's version
+    for kind in ("local", "ray"):
+        assert cli.main(["resume", str(tmp_path / kind), "trainer.total_steps=4"]) == 0
+        assert httpx.get(served + "/health").json()["policy_version"] == 4
+    local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "ray")
+    assert [r["step"] for r in remote] == [r["step"] for r in local] == [0, 1, 2, 3, 3, 4, 4]
+    assert [{k: v for k, v in r.items() if k not in ENGINE_LOGPROB_KEYS} for r in remote[5:]] == \
+        [{k: v for k, v in r.items() if k not in ENGINE_LOGPROB_KEYS} for r in local[5:]]
 
 
 # The embedded default, smaller (head size 32, as vLLM's CPU attention takes), 2 steps (tests/e2e/test_vllm_launch.py)
