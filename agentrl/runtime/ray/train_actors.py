@@ -227,11 +227,18 @@ class TrainerActor(TrainRank):
         self.trainer: Trainer | None = None
         self.source: Any = None
 
-    def setup(self, source_parts: dict[str, Any], workers: list[Any], reference: Any, critic: Any) -> int:
-        """Build the trainer over the placed parts; returns the policy version the engines serve."""
+    def setup(self, source_parts: dict[str, Any], workers: list[Any], reference: Any, critic: Any,
+              elastic: Any = None) -> int:
+        """Build the trainer over the placed parts; returns the policy version the engines serve
+        (`elastic`: an ElasticSpec, to add and remove replicas as the run folder asks)."""
         from agentrl.runtime.ray.source import RaySource
 
         self.source = RaySource(self.plan, weights=lambda: self.model.state_dict(), **source_parts)
+        if elastic is not None:
+            from agentrl.runtime.ray.elastic import ElasticEngines
+
+            self.source.elastic = ElasticEngines(elastic, self.source,
+                                                 log=lambda message: print(message, file=sys.stderr, flush=True))
         actor = ShardedActor(self.actor, workers) if workers else self.actor
         self.trainer = Trainer(self.spec.cfg, actor, self.source, self.tokenizer, self.run_dir,
                                eval_baselines=eval_baselines(bind(self.plan).factories),
