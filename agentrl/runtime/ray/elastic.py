@@ -104,22 +104,39 @@ class ElasticEngines:
 
     # ------------------------------------------------------------------ growing
     def _grow(self, wanted: int) -> None:
-        for i in range(len(self.source.engines), wanted):
-            added = self._start(i)
-            if added is None:
+        """Start replicas len(engines)..wanted-1 at once; keep, in order, those that started."""
+        import ray
+
+        first, created = len(self.source.engines), []
+        for i in range(first, wanted):
+            made = self._create(i)
+            if made is None:
+                break
+            created.append(made)
+        infos = [handle.info.remote() for handle, _ in created]  # every model loads meanwhile
+        for k, ((handle, group), ref) in enumerate(zip(created, infos)):
+            i = first + k
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+                self.log(f"elastic: engine-{i} did not start, staying at {i} replicas: {first_line(e)}")
+                for later in created[k:]:  # replica indices stay contiguous
+                    self._discard(*later)
                 return
-            handle, group = added
             self.source.engines = [*self.source.engines, handle]
             self.source.engine_names = [*self.source.engine_names, f"engine-{i}"]
             self.groups.append(group)
             try:  # the current weights and version before any env manager can reach it
                 self.source.bring_up_to_date([i])
             except Exception:
+                for later in created[k + 1:]:
+                    self._discard(*later)
                 self._remove(i)
                 raise
 
-    def _start(self, i: int) -> tuple[Any, Any] | None:
-        """Replica i created and loaded; None (logged) when it cannot be placed or started."""
+    def _create(self, i: int) -> tuple[Any, Any] | None:
+        """Replica i's actor (loading its model) and its own placement group, if any; None
+        (logged) when it cannot be placed."""
         import ray
 
         from agentrl.runtime.ray.engine_actor import EngineActor
@@ -137,12 +154,6 @@ class ElasticEngines:
             name=f"{spec.prefix}engine-{i}.{self.generation}", **options(worker, pg),
             max_restarts=spec.max_restarts, max_task_retries=0,
         ).remote(spec.shared, i, replica_seed(spec.seed, i), spec.api_key)
-        try:
-            ray.get(handle.info.remote())
-        except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
-            self._discard(handle, group)
-            self.log(f"elastic: engine-{i} did not start, staying at {i} replicas: {first_line(e)}")
-            return None
         return handle, group
 
     def _own_group(self, i: int) -> tuple[Worker, Any]:
