@@ -16,7 +16,9 @@ from test_ray_runtime import COIN, _model, cache, cluster  # noqa: E402,F401  (i
 pytestmark = pytest.mark.ray
 
 
-def test_a_run_scaled_1_2_1_mid_run_trains_every_step_on_the_current_policy(cluster, cache, tmp_path):
+# Over HTTP the env manager's new client reaches the new replica's server (started on first use).
+@pytest.mark.parametrize("transport", ["ray", pytest.param("http", marks=pytest.mark.slow)])
+def test_a_run_scaled_1_2_1_mid_run_trains_every_step_on_the_current_policy(cluster, cache, tmp_path, transport):
     """COIN, 3 steps, one engine placed. The env runs `agentrl scale RUN engines=2` during step 1
     and `engines=1` during step 2: step 2 plays on 2 replicas, the new one built, given step 1's
     weights and version and bound to the env manager at step 2's boundary; step 3 on 1 again.
@@ -29,7 +31,7 @@ def test_a_run_scaled_1_2_1_mid_run_trains_every_step_on_the_current_policy(clus
     marker.mkdir()
     cfg = load_config(None, [*COIN, f"model.path={model}", f"run_dir={run_dir}", "runtime.kind=ray",
                              f"env.args.marker={marker}", f"env.args.run_dir={run_dir}",
-                             "env.args.scales=[[1, 2], [9, 1]]"])
+                             "env.args.scales=[[1, 2], [9, 1]]", f"runtime.engine_transport={transport}"])
     logs = []
     with open_run(cfg, log=logs.append) as run:
         with pytest.raises(ConfigError, match=r"^engines=0: give a whole number"):
