@@ -1,4 +1,4 @@
-"""Command line: `agentrl train | plan | resume | eval | serve | view | export`.
+"""Command line: `agentrl train | plan | resume | eval | serve | view | export | scale`.
 
     agentrl train                                     # the embedded default (4x4 FrozenLake)
     agentrl train configs/frozen_lake.yaml trainer.total_steps=20 seed=3
@@ -9,6 +9,7 @@
     agentrl serve configs/frozen_lake.yaml serve.port=8000   # the policy over HTTP (OpenAI routes)
     agentrl view runs/frozen_lake [--serve]           # the trajectory viewer page of a run
     agentrl export runs/frozen_lake                   # the latest checkpoint as a model folder (LoRA merged)
+    agentrl scale runs/frozen_lake engines=3          # a running Ray run: 3 engine replicas from its next step
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
                                       "(a LoRA adapter merged into its base)")
     x.add_argument("run_dir")
     x.add_argument("--out", help="folder to write (default RUN_DIR/export)")
+    sc = sub.add_parser("scale", help="ask a Ray run (runtime.kind=ray) for N engine replicas, added or removed "
+                                      "at the start of its next step")
+    sc.add_argument("run_dir")
+    sc.add_argument("targets", nargs="*", help="engines=N")
     return p
 
 
@@ -203,6 +208,19 @@ def cmd_export(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scale(ns: argparse.Namespace) -> int:
+    """`agentrl scale RUN_DIR engines=N`: write the run folder's scale request (runtime/ray/scale_file.py)."""
+    from agentrl.runtime.ray.scale_file import SCALE_NAME, check_ray_run, engines_target, request_scale
+
+    run_dir = _run_folder_arg(ns.run_dir)
+    n = engines_target(ns.targets)
+    check_ray_run(run_dir)
+    request_scale(run_dir, n)
+    print(f"asked {run_dir} for {n} engine replica{'s' * (n != 1)} ({SCALE_NAME}): the run applies it at the start "
+          "of its next step, or of its first once resumed; metrics.jsonl logs ray/engine_replicas")
+    return 0
+
+
 def _run_dir_arg(value: str) -> Path:
     """A RUN_DIR argument as a path (`~` expanded), or one line saying why it cannot be one."""
     from agentrl.config.paths import user_path
@@ -238,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         commands = {"train": cmd_train, "plan": cmd_plan, "resume": cmd_resume, "eval": cmd_eval,
-                    "serve": cmd_serve, "view": cmd_view, "export": cmd_export}
+                    "serve": cmd_serve, "view": cmd_view, "export": cmd_export,
+                    "scale": cmd_scale}
         return commands[ns.command](ns)
     except AgentRLError as e:
         print(f"agentrl: error: {e}", file=sys.stderr)

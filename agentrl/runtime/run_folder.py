@@ -25,7 +25,8 @@ from agentrl.train.checkpoint import list_checkpoints, read_checkpoint, remove_p
 RESUMES_NAME, LOCK_NAME = "resumes.jsonl", ".lock"
 # What a run leaves in its folder; --overwrite removes these (and nothing a user put there).
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "samples.jsonl", "errors.jsonl", "tensorboard",
-               "curves.png", RESUMES_NAME, "dumps", "view.html", "wandb", ".weight_sync")
+               "curves.png", RESUMES_NAME, "dumps", "view.html", "wandb", ".weight_sync",
+               "scale.json")  # scale.json: a Ray run's scale request (runtime/ray/scale_file.py)
 # Fields a resume may change: how long, how often to save / evaluate / log, where, how episodes
 # are guarded. Every other field changes what the run means (data, model, objective, seeds).
 RESUMABLE = ("trainer.total_steps", "trainer.test_freq", "trainer.save_freq", "trainer.max_checkpoints",

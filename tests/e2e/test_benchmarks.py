@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).parents[2]
 SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
-NEEDS = {"ray_overhead": "ray"}  # optional backends some scripts measure (the dev extra installs them)
+NEEDS = {"ray_overhead": "ray", "elastic": "ray"}  # optional backends some scripts measure (the dev extra installs them)
 
 
 def _gpu_suite(summary: dict) -> None:
@@ -37,7 +37,12 @@ def _prefix_sharing(summary: dict) -> None:
         assert r["max_logprob_diff"] < 1e-4 and r["loss_diff"] < 1e-5
 
 
-CHECKS = {"gpu_suite": _gpu_suite, "prefix_sharing": _prefix_sharing}  # what a script's summary must hold beyond being one
+def _elastic(summary: dict) -> None:
+    """The run went 1 -> 3 -> 1 replicas, one step each, and lost no episode to it."""
+    assert summary["replicas"] == [1, 3, 1] and summary["failed_episodes"] == 0
+
+
+CHECKS = {"gpu_suite": _gpu_suite, "prefix_sharing": _prefix_sharing, "elastic": _elastic}  # what a script's summary must hold beyond being one
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """Envs for the Ray runtime's tests (importable by Ray workers: tests/runtime is on their path).
 
 `CoinEnv` pays by the parity of the reply's length, so a group's rewards differ and an update
-moves the weights. `kills={what: at}` makes either env kill parts of the Ray run (see Saboteur).
+moves the weights. `kills={what: at}` makes either env kill parts of the Ray run (see Saboteur);
+`scales=[[at, n], ...]` makes it run `agentrl scale RUN_DIR engines=n` (elastic rollout).
 """
 
 import os
@@ -27,19 +28,27 @@ class Saboteur:
     """Counts training env steps (a file each under `marker`, so that every process and restart
     counts) and kills each part of `kills` ({what: at}) once, at the first step numbered `at` or
     later: `env_manager` exits its own process; `engine` (replica 0) and `trainer_rank` (rank 1)
-    are killed by name."""
+    are killed by name. `scales` ([at, n] pairs) asks the run in `run_dir` for n engine replicas
+    through the CLI, once each, at the first step numbered `at` or later: the request is written
+    during that training step, so the run applies it at the next one."""
 
-    def __init__(self, marker: str, kills: dict) -> None:
+    def __init__(self, marker: str, kills: dict, scales: list | None = None, run_dir: str = "") -> None:
         self.marker, self.kills = Path(marker) if marker else None, dict(kills or {})
+        self.scales, self.run_dir = [tuple(s) for s in scales or []], run_dir
 
     def on_step(self, seed) -> None:
-        if not self.kills or seed is None or seed >= EVAL_SEED_BASE:
+        if not (self.kills or self.scales) or seed is None or seed >= EVAL_SEED_BASE:
             return
         (self.marker / f"step-{uuid.uuid4().hex}").touch()
         n = sum(1 for p in self.marker.iterdir() if p.name.startswith("step-"))
         for what, at in self.kills.items():
             if n >= at and self._first(what):
                 self._kill(what)
+        for at, engines in self.scales:
+            if n >= at and self._first(f"scale_{at}"):
+                from agentrl import cli
+
+                assert cli.main(["scale", self.run_dir, f"engines={engines}"]) == 0
 
     def _first(self, what: str) -> bool:
         try:  # O_EXCL: exactly one process, once, whatever runs concurrently or restarts
@@ -64,8 +73,9 @@ class CoinEnv:
 
     instructions = "Reply with anything."
 
-    def __init__(self, marker: str = "", kills: dict | None = None) -> None:
-        self.saboteur, self.seed = Saboteur(marker, kills), None
+    def __init__(self, marker: str = "", kills: dict | None = None, scales: list | None = None,
+                 run_dir: str = "") -> None:
+        self.saboteur, self.seed = Saboteur(marker, kills, scales, run_dir), None
 
     async def reset(self, seed=None, options=None):
         self.seed = seed

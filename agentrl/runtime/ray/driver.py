@@ -14,6 +14,9 @@ Rank 0 runs the unchanged `Trainer` with a `RaySource` (runtime/ray/source.py) a
 folder, which the driver keeps locked. The driver waits on it, watching the other trainer ranks:
 a rank that dies stops the run with a message naming it and how to resume. Engines and env
 managers are restarted by Ray (runtime.max_restarts) and their lost episodes are retried.
+Rank 0 also adds and removes engine replicas as the run folder's scale request asks
+(`RayRun.scale`, `agentrl scale`: runtime/ray/elastic.py); the driver gives back their placement
+groups at the end.
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ from agentrl.config import Config
 from agentrl.config.runtime import placement_summary
 from agentrl.errors import AgentRLError
 from agentrl.metrics import write_summary
-from agentrl.rollout.tasks import mix
 from agentrl.runtime.build.policy import build_policy, model_context, model_vocab
 from agentrl.runtime.plan import RunPlan, plan
 from agentrl.runtime.process import seed_everything
 from agentrl.runtime.ray.cluster import init_cluster, require_ray
 from agentrl.runtime.ray.engine_client import first_line
-from agentrl.runtime.ray.placement import HEAD, check_resources, choose_transport, options, reserve
+from agentrl.runtime.ray.placement import (HEAD, bound_engines, check_resources, choose_transport, options,
+                                             replica_seed, reserve)
 from agentrl.runtime.ray.workers import RunSpec, model_source, share, user_registrations
 from agentrl.tokenizer import Tokenizer
 from agentrl.train.checkpoint import latest_checkpoint, step_of
@@ -158,6 +161,10 @@ def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
             actors.stop()
             from ray.util.placement_group import remove_placement_group
 
+            from agentrl.runtime.ray.elastic import release
+
+            release(actors.prefix)  # the placement groups of replicas rank 0 added
+
             with contextlib.suppress(Exception):
                 remove_placement_group(pg)
 
@@ -228,7 +235,7 @@ def launch(cfg: Config, run_plan: RunPlan, pg: Any, model: Any, tokenizer: Token
                            user_registrations(), model_vocab(model)))
     infer = placement.of("actor_infer")
     names = [f"engine-{w.index}" for w in infer]
-    seeds = [run_plan.seed if w.index == 0 else mix(run_plan.seed, w.index) for w in infer]
+    seeds = [replica_seed(run_plan.seed, w.index) for w in infer]
     served = run_plan.engine.kind != "local"  # inference servers (runtime/ray/served.py)
     replica_cls: type = EngineActor
     if served:
@@ -264,13 +271,19 @@ def launch(cfg: Config, run_plan: RunPlan, pg: Any, model: Any, tokenizer: Token
         transport = served_transport(run_plan)
         parts = {"engines": [], "engine_names": [], "managers": managers, "transport": "object_store",
                  "weights_dir": "", "served": {"replicas": engines, "api_key": key}}
+        elastic = None  # replicas of served engines are not scaled (the servers are the user's or vLLM's)
     else:
         engine_infos = [{**started[n], "gpu": w.gpu} for n, w in zip(names, infer)]
         transport = choose_transport(rt.weight_sync, {**started["trainer rank 0"], "gpu": train[0].gpu}, engine_infos)
         parts = {"engines": engines, "engine_names": names, "managers": managers,
                  "transport": "object_store" if transport == "nccl" else transport,
                  "weights_dir": str(Path(aplan.run_dir) / ".weight_sync")}
-    wait_all({"trainer rank 0": rank0.setup.remote(parts, workers, roles.get("reference"), roles.get("critic"))})
+        from agentrl.runtime.ray.elastic import ElasticSpec
+
+        elastic = ElasticSpec(shared, pg, infer, actors.prefix, run_plan.seed, key, restarts, aplan.run_dir,
+                              rt.placement_timeout, bool(rt.actor_infer.device_mapping))
+    wait_all({"trainer rank 0": rank0.setup.remote(parts, workers, roles.get("reference"), roles.get("critic"),
+                                                   elastic)})
     if transport == "nccl":
         host, port = wait_all({"trainer rank 0": rank0.weight_group_address.remote()})["trainer rank 0"]
         size = len(engines) + 1
@@ -300,14 +313,6 @@ def served_transport(run_plan: RunPlan) -> str:
     return f"HTTP to engine.urls ({'engine.weights_dir' if e.weights_dir else 'request body'})"
 
 
-def bound_engines(manager: int, managers: int, engines: int) -> list[int]:
-    """The engine replicas env manager `manager` sends its episodes to: its own share when there
-    are at least as many replicas as managers, else one replica shared with other managers."""
-    if engines >= managers:
-        return [e for e in range(engines) if e % managers == manager]
-    return [manager % engines]
-
-
 class RayRun:
     """The driver's handle on a placed run (runtime/handle.py): rank 0 runs the trainer."""
 
@@ -328,6 +333,14 @@ class RayRun:
     def evaluate(self) -> dict[str, float]:
         """Rank 0's evaluation: the eval/ metrics."""
         return self._get(self.rank0.evaluate.remote())
+
+    def scale(self, engines: int) -> None:
+        """Ask for `engines` engine replicas: trainer rank 0 adds or removes replicas at the start of
+        its next step (runtime/ray/elastic.py); callable while `fit` runs, from another thread."""
+        from agentrl.runtime.ray.scale_file import check_ray_run, request_scale
+
+        check_ray_run(self.run_dir)
+        request_scale(self.run_dir, engines)
 
     def fit(self, resume: bool = False) -> dict[str, Any]:
         """Train (rank 0 runs the loop); the run's summary, with the Ray start-up times added."""

@@ -177,6 +177,10 @@ class EngineActor:
         """Continue from `state`."""
         self.engine.load_state_dict(state)
 
+    async def busy(self) -> bool:
+        """Whether the engine holds a request (elastic.py removes a replica once it holds none)."""
+        return self.engine.has_work()
+
     async def info(self) -> dict[str, Any]:
         """Where it runs and which policy it serves."""
         return {"node": node_id(), "version": self.engine.policy_version, "device": str(self.engine.device)}

@@ -27,18 +27,26 @@ class EnvManagerActor:
         setup_worker(rt.num_threads, spec.registrations)
         import_user_modules(spec.plan.imports)
         run_plan = bind(spec.plan)
-        self.index = index
-        self.client: Any
-        if run_plan.engine.kind != "local":  # inference servers over HTTP (runtime/ray/served.py)
-            self.client = served_client(run_plan, engines, engine_names, api_key, index)
-        elif rt.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
-            self.client = HttpEngineClient(engines, engine_names, api_key or "", rt.restart_timeout,
-                                           run_plan.engine.request_timeout, seed=run_plan.seed + index)
-        else:
-            self.client = RayEngineClient(engines, engine_names, client=f"env_manager-{index}",
-                                          restart_timeout=rt.restart_timeout)
+        self.index, self.plan, self.api_key = index, run_plan, api_key
+        self.client = self._client(engines, engine_names)
         self.collector = make_collector(run_plan, spec.tokenizer, self.client, make_budget(run_plan, spec.context),
                                         spec.vocab_size)
+
+    def _client(self, engines: list[Any], engine_names: list[str]) -> Any:
+        """The LLMClient over `engines`: Ray actor calls, or HTTP (runtime.engine_transport; served engines)."""
+        rt, index = self.plan.runtime, self.index
+        if self.plan.engine.kind != "local":  # inference servers over HTTP (runtime/ray/served.py)
+            return served_client(self.plan, engines, engine_names, self.api_key, index)
+        if rt.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
+            return HttpEngineClient(engines, engine_names, self.api_key or "", rt.restart_timeout,
+                                    self.plan.engine.request_timeout, seed=self.plan.seed + index)
+        return RayEngineClient(engines, engine_names, client=f"env_manager-{index}",
+                               restart_timeout=rt.restart_timeout)
+
+    async def rebind(self, engines: list[Any], engine_names: list[str]) -> list[str]:
+        """Play later episodes on `engines` (replicas added or removed between steps: elastic.py)."""
+        self.client = self.collector.llm = self._client(engines, engine_names)
+        return engine_names
 
     async def collect(self, tasks: list[Task], first_attempt: int = 0) -> CollectResult:
         """Play `tasks` (whole groups) to the end; `first_attempt` > 0 replays tasks whose

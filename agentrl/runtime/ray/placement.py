@@ -1,6 +1,8 @@
 """A Ray run's placement (runtime/build/placement.py: workers and bundles, from the plan) checked
 against the cluster before any actor exists, and the one placement group that reserves it all,
-with a timeout. The group uses Ray's PACK strategy: as few nodes as the bundles fit on.
+with a timeout. The group uses Ray's PACK strategy: as few nodes as the bundles fit on. Also
+which engine replicas each env manager uses, and each replica's seed (the driver's and, when
+replicas are added mid-run, runtime/ray/elastic.py's).
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from typing import Any
 
 from agentrl.config.runtime import RuntimeConfig
 from agentrl.errors import ConfigError
+from agentrl.rollout.tasks import mix
 from agentrl.runtime.build.placement import HEAD, Plan, Worker, plan_placement
 
-__all__ = ["HEAD", "Plan", "Worker", "check_resources", "choose_transport", "options", "plan_placement", "reserve"]
+__all__ = ["HEAD", "Plan", "Worker", "bound_engines", "check_resources", "choose_transport", "options",
+           "plan_placement", "replica_seed", "reserve"]
 
 EPS = 1e-6
 
@@ -98,3 +102,16 @@ def choose_transport(weight_sync: str, rank0: dict[str, Any], engines: list[dict
     if gpu0 is not None and all(g is not None and g != gpu0 for g in engine_gpus):
         return "nccl"
     return "shm" if same_node else "object_store"
+
+
+def replica_seed(seed: int, index: int) -> int:
+    """The engine seed of replica `index` (replica 0 has the run's: one replica samples as the local run)."""
+    return seed if index == 0 else mix(seed, index)
+
+
+def bound_engines(manager: int, managers: int, engines: int) -> list[int]:
+    """The engine replicas env manager `manager` sends its episodes to: its own share when there
+    are at least as many replicas as managers, else one replica shared with other managers."""
+    if engines >= managers:
+        return [e for e in range(engines) if e % managers == manager]
+    return [manager % engines]

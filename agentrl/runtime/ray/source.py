@@ -94,6 +94,7 @@ class RaySource:
         self._stats = dict.fromkeys(("sync_seconds", "sync_bytes", "engine_restarts", "manager_restarts"), 0.0)
         self._gone: set[int] = set()  # env managers that died for good: later steps split among the rest
         self._down: set[int] = set()  # env managers seen dead and not yet seen back: one restart each
+        self.elastic: Any = None  # runtime/ray/elastic.py: replicas added or removed at step boundaries
 
     @property
     def policy_version(self) -> int:
@@ -110,6 +111,8 @@ class RaySource:
 
     def collect(self, step: int, version: int, keep: GroupFilter | None = None, max_batches: int = 1) -> StepRollout:
         """Fresh generation batches of the step's tasks, played by the env managers."""
+        if self.elastic is not None:  # the step boundary: no episode in flight
+            self.elastic.at_boundary()
         def next_batch(attempt: int) -> tuple[Groups, CollectResult, int]:
             result = self._play(self.tasks.step(step, attempt))
             return groups_of(result.trajectories), result, 0
@@ -136,16 +139,18 @@ class RaySource:
 
     def pop_metrics(self) -> dict[str, float]:
         """The replicas' perf/engine_* counters, the weight sync's time and size, restarts."""
-        if self.served is not None:
-            out = self.served.pop_metrics()
-        else:
-            out = merge_engine_metrics(self._on_engines("pop_metrics"))
+        per_replica = [] if self.served is not None else self._on_engines("pop_metrics")
+        out = self.served.pop_metrics() if self.served is not None else merge_engine_metrics(per_replica)
         s = self._stats
         if s["sync_bytes"]:
             out["perf/weight_sync_seconds"] = s["sync_seconds"]
             out["perf/weight_sync_mb"] = s["sync_bytes"] / 2**20
         out["perf/ray_restarts_engine"] = s["engine_restarts"]
         out["perf/ray_restarts_env_manager"] = s["manager_restarts"]
+        if per_replica:  # (served engines: replicas of theirs, not these)
+            out["ray/engine_replicas"] = float(len(self.engines))
+            # A replica that served nothing this step shows as 0 (say, more replicas than episodes).
+            out["ray/engine_requests_min"] = min(m.get("perf/engine_requests", 0.0) for m in per_replica)
         self._stats = dict.fromkeys(self._stats, 0.0)
         return out
 
@@ -285,6 +290,8 @@ class RaySource:
                 self._give_up(job)
             return
         self._down.discard(job.manager)
+        if self.elastic is not None:  # restarted with the replica list it was first given
+            self.elastic.manager_back(job.manager)
         self._submit(job)
 
     def _give_up(self, job: _Job) -> None:
@@ -324,10 +331,17 @@ class RaySource:
         if self.transport.name == "broadcast":  # the group lost a member: it cannot broadcast again
             self.transport = self.fallback
         self._stats["engine_restarts"] += len(stale)
-        if not self._synced:
-            ray.get([self.engines[i].accept_initial.remote() for i in stale])
+        self.bring_up_to_date(stale)
+
+    def bring_up_to_date(self, indices: list[int]) -> None:
+        """Give replicas `indices` (restarted, or new: elastic.py) the current weights and version."""
+        import ray
+
+        if not self._synced:  # no update yet: the constructor's weights are current
+            got = ray.get([self.engines[i].accept_initial.remote() for i in indices])
+            assert all(v == self._version for v in got), f"replicas at versions {got}, the run at {self._version}"
             return
-        self._push(stale, self.current_weights(), self._version, self.fallback)
+        self._push(indices, self.current_weights(), self._version, self.fallback)
 
     def _push(self, indices: list[int], weights: dict[str, Any], version: int, transport: Any) -> None:
         """Send `weights` at `version` to the replicas `indices`; a replica that dies meanwhile is

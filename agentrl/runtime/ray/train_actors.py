@@ -227,8 +227,10 @@ class TrainerActor(TrainRank):
         self.trainer: Trainer | None = None
         self.source: Any = None
 
-    def setup(self, source_parts: dict[str, Any], workers: list[Any], reference: Any, critic: Any) -> int:
-        """Build the trainer over the placed parts; returns the policy version the engines serve."""
+    def setup(self, source_parts: dict[str, Any], workers: list[Any], reference: Any, critic: Any,
+              elastic: Any = None) -> int:
+        """Build the trainer over the placed parts; returns the policy version the engines serve
+        (`elastic`: an ElasticSpec, to add and remove replicas as the run folder asks)."""
         from agentrl.runtime.ray.served import build_served
         from agentrl.runtime.ray.source import RaySource
 
@@ -236,6 +238,11 @@ class TrainerActor(TrainRank):
         if served is not None:
             served = build_served(self.plan, self.model, self.tokenizer, served["replicas"], served["api_key"])
         self.source = RaySource(self.plan, weights=lambda: self.model.state_dict(), served=served, **source_parts)
+        if elastic is not None:
+            from agentrl.runtime.ray.elastic import ElasticEngines
+
+            self.source.elastic = ElasticEngines(elastic, self.source,
+                                                 log=lambda message: print(message, file=sys.stderr, flush=True))
         actor = ShardedActor(self.actor, workers) if workers else self.actor
         self.trainer = Trainer(self.spec.cfg, actor, self.source, self.tokenizer, self.run_dir,
                                eval_baselines=eval_baselines(bind(self.plan).factories),
