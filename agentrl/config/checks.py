@@ -293,16 +293,9 @@ def check_runtime(cfg: Config) -> None:
                           "only (asynchronous rollout on Ray is not built yet); use rollout.max_staleness=0 or "
                           "runtime.kind=local")
     # Combinations the Ray runtime does not place yet: refused by name rather than run differently.
-    if cfg.model.lora.enabled:
-        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with runtime.kind=ray: LoRA trains in the local "
-                          "runtime only for now; use runtime.kind=local or model.lora.rank=0")
     if cfg.engine.kind != "local":
         raise ConfigError(f"engine.kind={cfg.engine.kind} with runtime.kind=ray: Ray places its own engine replicas "
                           "(runtime.actor_infer); use engine.kind=local, or runtime.kind=local to generate on engine.urls")
-    openai_tags = [tag for tag in cfg.env_definitions() if cfg.agent_for(tag).type == "openai"]
-    if openai_tags:
-        raise ConfigError(f"agent.type=openai (env group {openai_tags[0]!r}) with runtime.kind=ray: OpenAI-client "
-                          "agents run in the local runtime only for now; use runtime.kind=local")
     on_gpu = [name for name, role in roles.items() if role.device_mapping]
     if cfg.device == "cuda" and "actor_train" not in on_gpu:
         raise ConfigError("device=cuda with runtime.kind=ray: Ray places models on GPUs by device_mapping; set "

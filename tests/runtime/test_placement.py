@@ -29,10 +29,7 @@ def _cfg(*overrides):
     ([*RAY, "runtime.kind=slurm"], "runtime.kind"),
     ([*RAY, "runtime.engine_transport=grpc"], "runtime.engine_transport"),
     (["runtime.engine_transport=http"], "runtime.engine_transport is set but runtime.kind=local"),
-    ([*RAY, "model.lora.rank=8"], "LoRA trains in the local runtime only for now"),
     ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]"], "Ray places its own engine replicas"),
-    ([*RAY, "agent.type=openai", "agent.args.entry=examples/openai_frozen_lake:run"],
-     "OpenAI-client agents run in the local runtime only for now"),
 ])
 def test_a_bad_runtime_section_fails_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
