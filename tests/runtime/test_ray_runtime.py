@@ -307,8 +307,9 @@ def _differ(run_a, run_b, skip=()):
     """(step, key) of every logged value (perf/ aside) that differs between two runs."""
     a, b = _rows(run_a), _rows(run_b)
     assert [r["step"] for r in a] == [r["step"] for r in b]
+    same = lambda x, y: x == y or (x != x and y != y)  # noqa: E731  (NaN, as JSON gives it, equals NaN)
     return [(mine["step"], k) for mine, theirs in zip(a, b) for k in sorted(mine.keys() | theirs.keys())
-            if k not in skip and mine.get(k) != theirs.get(k)]
+            if k not in skip and not same(mine.get(k), theirs.get(k))]
 
 
 def test_lora_trains_on_ray_as_locally_and_only_the_adapter_travels(cluster, cache, tmp_path):
@@ -332,6 +333,17 @@ def test_lora_trains_on_ray_as_locally_and_only_the_adapter_travels(cluster, cac
               if "perf/weight_sync_mb" in r]
     print(f"weight sync per step (bytes): {synced}; adapter {adapter}")
     assert synced and all(round(b) % adapter == 0 and b > 0 for b in synced), (synced, adapter)
+
+
+def test_lora_with_a_critic_and_a_kl_reference_on_ray_logs_the_local_metrics(cluster, cache, tmp_path):
+    """PPO with LoRA: the critic actor's body keeps the policy's adapters (its own to train) and the
+    reference actor is the starting model, as the local run's policy with its adapters off."""
+    for kind in ("local", "ray"):
+        fit(None, overrides=[*COIN, *PPO, "model.lora.rank=8", "actor.lr=5e-3", f"model.cache_dir={cache}",
+                             f"run_dir={tmp_path / kind}", f"runtime.kind={kind}"], log=lambda m: None)
+    local = _rows(tmp_path / "local")
+    assert any(r.get("loss/kl") for r in local[2:]) and any(r.get("loss/value") for r in local)
+    assert _differ(tmp_path / "ray", tmp_path / "local") == []
 
 
 def test_lora_on_two_trainer_ranks_updates_as_one(cluster, cache, tmp_path):
