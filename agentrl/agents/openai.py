@@ -78,6 +78,18 @@ def _import(module_name: str) -> Any:
     return import_file(path)
 
 
+def portable_entry(entry: Any) -> Any:
+    """`entry` as another process with another working folder resolves it: a .py path made
+    absolute (a Ray actor's folder may differ), a module name as it is."""
+    if not isinstance(entry, str) or entry.count(":") != 1:
+        return entry  # resolve_entry says what is wrong, where it runs
+    module_name, name = entry.split(":")
+    path = Path(module_name if module_name.endswith(".py") else module_name + ".py").expanduser()
+    if "/" not in module_name and not module_name.endswith(".py") and not path.is_file():
+        return entry
+    return f"{path.resolve()}:{name}"
+
+
 class RunSampling:
     """A training session's decoding: the run's sampling, seeded by task and turn, within budget."""
 

@@ -295,13 +295,6 @@ def check_runtime(cfg: Config) -> None:
     # Combinations the Ray runtime does not place yet: refused by name rather than run differently.
     if cfg.engine.kind != "local":
         _check_served_on_ray(cfg)
-    if cfg.model.lora.enabled:
-        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with runtime.kind=ray: LoRA trains in the local "
-                          "runtime only for now; use runtime.kind=local or model.lora.rank=0")
-    openai_tags = [tag for tag in cfg.env_definitions() if cfg.agent_for(tag).type == "openai"]
-    if openai_tags:
-        raise ConfigError(f"agent.type=openai (env group {openai_tags[0]!r}) with runtime.kind=ray: OpenAI-client "
-                          "agents run in the local runtime only for now; use runtime.kind=local")
     on_gpu = [name for name, role in roles.items() if role.device_mapping]
     if cfg.device == "cuda" and "actor_train" not in on_gpu:
         raise ConfigError("device=cuda with runtime.kind=ray: Ray places models on GPUs by device_mapping; set "

@@ -30,7 +30,6 @@ def _cfg(*overrides):
     ([*RAY, "runtime.kind=slurm"], "runtime.kind"),
     ([*RAY, "runtime.engine_transport=grpc"], "runtime.engine_transport"),
     (["runtime.engine_transport=http"], "runtime.engine_transport is set but runtime.kind=local"),
-    ([*RAY, "model.lora.rank=8"], "LoRA trains in the local runtime only for now"),
     ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "runtime.actor_infer.num_cpus=2"],
      "runtime.actor_infer is set but engine.kind=remote generates on engine.urls"),
     ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "runtime.weight_sync=shm"],
@@ -40,8 +39,6 @@ def _cfg(*overrides):
     ([*RAY, "engine.kind=vllm", "engine.vllm.replicas=2"], "set runtime.actor_infer.world_size=2 instead"),
     ([*RAY, "engine.kind=vllm", "engine.vllm.weight_transfer=nccl"],
      "engine.vllm.weight_transfer=nccl broadcasts from trainer rank 0's GPU into the vLLM servers' GPUs"),
-    ([*RAY, "agent.type=openai", "agent.args.entry=examples/openai_frozen_lake:run"],
-     "OpenAI-client agents run in the local runtime only for now"),
 ])
 def test_a_bad_runtime_section_fails_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:

@@ -34,10 +34,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agentrl.agents.openai import portable_entry
 from agentrl.config import Config
 from agentrl.config.runtime import placement_summary
 from agentrl.errors import AgentRLError
 from agentrl.metrics import write_summary
+from agentrl.runtime.build.plan_types import TagPlan
 from agentrl.runtime.build.policy import build_policy, model_context, model_vocab
 from agentrl.runtime.plan import RunPlan, plan
 from agentrl.runtime.process import seed_everything
@@ -117,7 +119,15 @@ def actor_plan(run_plan: RunPlan, run_dir: Path) -> RunPlan:
         model = replace(model, path=str(Path(model.path).expanduser().resolve()))
     return replace(run_plan.portable(), run_dir=str(run_dir.resolve()), model=model,
                    imports=tuple(_absolute(p) for p in run_plan.imports),
-                   trainer=replace(run_plan.trainer, progress=False))
+                   trainer=replace(run_plan.trainer, progress=False),
+                   tags=tuple(_portable_tag(t) for t in run_plan.tags))
+
+
+def _portable_tag(tag: TagPlan) -> TagPlan:
+    """An OpenAI-client agent's entry, its .py path made absolute (as `imports`)."""
+    if tag.agent_type != "openai" or "entry" not in tag.agent_args:
+        return tag
+    return replace(tag, agent_args={**tag.agent_args, "entry": portable_entry(tag.agent_args["entry"])})
 
 
 def _absolute(module: str) -> str:

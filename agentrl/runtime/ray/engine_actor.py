@@ -154,7 +154,7 @@ class EngineActor:
         """Serve the weights in `payload` from the next step on, at its policy version."""
         transport = self.transport if payload.transport == "broadcast" else make_transport(payload.transport)
         with transport.receive(payload) as weights:
-            self.engine.load_weights(weights)
+            self.engine.load_weights({**weights, **payload.meta})  # meta: a LoRA adapter's config
         self.engine.policy_version = payload.version
         self._ready_event().set()
         return self.engine.policy_version

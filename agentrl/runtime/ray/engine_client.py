@@ -9,8 +9,9 @@ client lets every episode whose reply arrived run up to its next request (one ev
 so with one client per replica the engine admits exactly what the in-process engine admits
 after each of its steps: the same batches, the same samples, the same metrics.
 
-Routing is sticky per episode attempt (per asyncio task): the first request of an episode goes
-to the least-loaded replica, the rest follow it, so its prefix cache serves every turn.
+Routing is sticky per episode attempt (per asyncio task, or the episode an OpenAI-client session
+generates for): the first request of an episode goes to the least-loaded replica, the rest
+follow it, so its prefix cache serves every turn.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import weakref
 from typing import Any
 
 from agentrl.errors import EngineError
-from agentrl.llm.engine import Completion, SamplingParams
+from agentrl.llm.engine import Completion, SamplingParams, episode_key
 
 RESTART_POLL = 0.2  # seconds between tries to reach a replica that is restarting
 
@@ -139,12 +140,12 @@ class RayEngineClient:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         """Continue `prompt_ids` on the replica serving this episode."""
-        task = asyncio.current_task()
-        link = self._route.get(task) if task is not None else None
+        episode = episode_key()  # the episode's task (an OpenAI-client session generates from another one)
+        link = self._route.get(episode) if episode is not None else None
         if link is None:
             link = min(self.links, key=lambda k: k.load)  # ties: the first, so one replica is deterministic
-            if task is not None:
-                self._route[task] = link
+            if episode is not None:
+                self._route[episode] = link
         return await link.generate(prompt_ids, sampling)
 
 

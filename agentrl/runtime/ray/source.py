@@ -33,7 +33,7 @@ from agentrl.runtime.build.plan_types import RunPlan
 from agentrl.runtime.build.rollout import task_source
 from agentrl.runtime.ray.engine_client import first_line
 from agentrl.runtime.ray.served import ServedEngine
-from agentrl.runtime.ray.weight_sync import WeightPayload, make_transport
+from agentrl.runtime.ray.weight_sync import WeightPayload, make_transport, split_meta
 from agentrl.trajectory import Task
 
 POLL = 0.25  # seconds between checks on restarted actors while episodes play
@@ -349,7 +349,9 @@ class RaySource:
         import ray
 
         t0 = time.perf_counter()
+        weights, meta = split_meta(weights)  # with LoRA: the adapter tensors, and its config beside them
         payload: WeightPayload = transport.send(weights, version)
+        payload.meta = meta
         refs = [self.engines[i].load_weights.remote(payload) for i in indices]
         try:
             if transport.name == "broadcast":

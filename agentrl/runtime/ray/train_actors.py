@@ -16,8 +16,10 @@ from typing import Any
 import torch
 
 from agentrl.config.runtime import RuntimeConfig
+from agentrl.models.lora import apply_lora
 from agentrl.runtime.build.envs import bind, import_user_modules
 from agentrl.runtime.build.learners import build_critic, build_reference
+from agentrl.runtime.build.plan_types import RunPlan
 from agentrl.runtime.build.rollout import eval_baselines
 from agentrl.runtime.process import seed_everything
 from agentrl.runtime.ray.workers import SharedSpec, free_address, load_model, node_id, role_device, setup_worker
@@ -26,6 +28,13 @@ from agentrl.train.batch import Batch
 from agentrl.train.parallel import DataParallel, init_group, merge_stats
 from agentrl.train.precision import MasterWeights
 from agentrl.train.trainer import Trainer
+
+
+def with_lora(run_plan: RunPlan, model: torch.nn.Module) -> torch.nn.Module:
+    """`model` wrapped with the run's LoRA adapters when model.lora.rank > 0 (the same draws as the
+    local runtime's build_learners: its own seeded generator), else as it is."""
+    lora = run_plan.model.lora
+    return apply_lora(model, lora, run_plan.seed) if lora.enabled else model
 
 
 def dist_backend(rt: RuntimeConfig) -> str:
@@ -44,7 +53,7 @@ class TrainRank:
         import_user_modules(run_plan.imports)
         seed_everything(run_plan.seed)
         self.plan, self.rank, self.world_size = run_plan, rank, role.world_size
-        self.model = load_model(spec.model, role)  # float32 master weights, as in one process
+        self.model = with_lora(run_plan, load_model(spec.model, role))  # float32 master weights, as in one process
         self.actor = self._actor(None)
 
     def _actor(self, parallel: DataParallel | None) -> Actor:
@@ -164,8 +173,10 @@ class ModelRoleActor:
         setup_worker(run_plan.runtime.num_threads, spec.registrations)
         import_user_modules(run_plan.imports)
         policy = load_model(spec.model, section)
+        # The reference is the starting model (the local run's policy with its adapters off); the
+        # critic's body is the policy's, adapters included (train/critic.py), as locally.
         self.obj = build_reference(run_plan, policy) if role == "reference" else \
-            build_critic(run_plan, policy, role_device(section))
+            build_critic(run_plan, with_lora(run_plan, policy), role_device(section))
 
     def call(self, method: str, *args: Any) -> Any:
         """obj.method(*args)."""
@@ -237,7 +248,8 @@ class TrainerActor(TrainRank):
         served = source_parts.pop("served", None)  # engine.kind=remote / vllm: rank 0 drives the servers
         if served is not None:
             served = build_served(self.plan, self.model, self.tokenizer, served["replicas"], served["api_key"])
-        self.source = RaySource(self.plan, weights=lambda: self.model.state_dict(), served=served, **source_parts)
+        # What the engines serve: the adapter state with LoRA, else the full state dict.
+        self.source = RaySource(self.plan, weights=lambda: self.actor.engine_weights(), served=served, **source_parts)
         if elastic is not None:
             from agentrl.runtime.ray.elastic import ElasticEngines
 

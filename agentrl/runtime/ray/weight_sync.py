@@ -46,6 +46,14 @@ class WeightPayload:
     nbytes: int
     refs: list[Any] = field(default_factory=list)  # object_store: [ObjectRef] (nested: not resolved on a call)
     location: str = ""  # shm: segment name; file: path
+    meta: dict[str, Any] = field(default_factory=dict)  # entries that are not tensors (a LoRA adapter's config)
+
+
+def split_meta(weights: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(the tensors, the other entries) of a weights dict: a LoRA adapter state carries its peft
+    config under a marker key (models/lora.py), which travels in the payload, not a transport."""
+    tensors = {k: v for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    return tensors, {k: v for k, v in weights.items() if k not in tensors}
 
 
 def layout_of(weights: dict[str, torch.Tensor]) -> list[tuple[str, str, tuple[int, ...]]]:
