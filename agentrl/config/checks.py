@@ -288,10 +288,6 @@ def check_runtime(cfg: Config) -> None:
         raise ConfigError(f"runtime.actor_train.world_size={n} splits each mini-batch between {n} ranks, but "
                           f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} has fewer rows; raise it "
                           f"to at least {n}")
-    if cfg.rollout.max_staleness:
-        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: runtime.kind=ray plays on-policy "
-                          "only (asynchronous rollout on Ray is not built yet); use rollout.max_staleness=0 or "
-                          "runtime.kind=local")
     # Combinations the Ray runtime does not place yet: refused by name rather than run differently.
     if cfg.model.lora.enabled:
         raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with runtime.kind=ray: LoRA trains in the local "

@@ -20,7 +20,6 @@ def _cfg(*overrides):
     ([*RAY, "runtime.actor_infer.device_mapping=[0,0]"], "names a GPU twice"),
     ([*RAY, "runtime.actor_infer.world_size=3", "runtime.actor_infer.device_mapping=[0,1]"], "give one GPU per worker"),
     ([*RAY, "runtime.actor_train.world_size=32"], "actor.ppo_mini_batch_size=16 has fewer rows"),
-    ([*RAY, "rollout.max_staleness=1"], "runtime.kind=ray plays on-policy only"),
     ([*RAY, "device=cuda"], "set runtime.actor_train.device_mapping"),
     ([*RAY, "runtime.weight_sync=nccl", "runtime.actor_train.device_mapping=[0]",
       "runtime.actor_infer.device_mapping=[0]"], "NCCL cannot broadcast between processes on one GPU"),
