@@ -1,7 +1,8 @@
 """Asynchronous rollout on Ray (rollout.max_staleness=1), end to end on test_ray_runtime's
 two-node cluster: env-manager actors play groups ahead while rank 0 trains, weights reach the
 engine replica while episodes are in flight, the staleness bound holds for every trained id, a
-killed run resumes by the local stream's rule, and what the local k=1 run shares with it."""
+killed run resumes by the local stream's rule, dead actors are restarted and their groups
+replayed, and what the local k=1 run shares with it."""
 
 import re
 
@@ -9,6 +10,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+import ray_envs  # noqa: E402,F401  (registers coin and sabotaged_lake, for this process and the actors)
 from agentrl import cli  # noqa: E402
 from agentrl.config import load_config  # noqa: E402
 from agentrl.dumps import dump_path, read_dump  # noqa: E402
@@ -91,3 +93,30 @@ def test_a_killed_async_ray_run_resumes_by_the_local_streams_rule(cluster, cache
     assert after and not before & set(after) and _within_bound(dumps)
     print(f"killed after checkpoint {saved}; resumed steps trained groups {sorted(set(after))}, "
           f"checkpointed ones {sorted(before)}")
+
+
+def test_an_async_ray_run_whose_engine_and_env_manager_die_finishes_every_step(cluster, cache, tmp_path):
+    """k=1, two env managers sharing one engine: the engine is killed at the 3rd training env step
+    and an env manager exits at the 30th, while groups play ahead; Ray restarts both, the restarted
+    engine gets the current weights before it serves, the dead manager's groups are played again
+    as their next attempt, and every step trains within the bound."""
+    marker = tmp_path / "marker"
+    marker.mkdir()
+    cfg = load_config("configs/frozen_lake.yaml", [
+        *LAKE, *ASYNC, f"model.path={_model(cache, LAKE)}", f"run_dir={tmp_path / 'run'}", "runtime.kind=ray",
+        "runtime.env_managers=2", "rollout.batch_size=8", "actor.ppo_mini_batch_size=8", "env.type=sabotaged_lake",
+        "runtime.restart_timeout=1800",  # restarts are tested, not their timeout (a loaded machine is slow)
+        f"env.args.marker={marker}", "env.args.kills={engine: 3, env_manager: 30}"])
+    assert train(cfg, log=lambda m: None)["steps"] == 3
+    assert (marker / "killed_engine").exists() and (marker / "killed_env_manager").exists()
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    total = lambda key: sum(r.get(key, 0) for r in rows)  # noqa: E731
+    assert total("perf/ray_restarts_engine") == 1 and total("perf/ray_restarts_env_manager") == 1
+    assert total("rollout/failures_worker") >= 1
+    steps = [r for r in rows if "rollout/kept_groups" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3] and all(r["rollout/staleness_max"] <= 1 for r in steps)
+    assert _within_bound(_dumps(tmp_path / "run", [1, 2, 3]))
+    errors = read_jsonl(tmp_path / "run" / "errors.jsonl")
+    assert {e["kind"] for e in errors} <= {"worker", "engine"}
+    print(f"k=1: engine kill failed {total('rollout/failures_engine'):g} episodes, env manager exit "
+          f"{total('rollout/failures_worker'):g}")
