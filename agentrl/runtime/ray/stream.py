@@ -22,7 +22,6 @@ import contextlib
 import time
 from typing import Any
 
-from agentrl.errors import RolloutError
 from agentrl.rollout.collector import CollectResult
 from agentrl.rollout.source import StreamSource
 from agentrl.runtime.ray.source import POLL, RaySource, _Job, split_groups
@@ -45,13 +44,11 @@ class ManagerCollector:
     async def acollect(self, tasks: list[Task]) -> CollectResult:
         """Play `tasks` (whole groups) on the env managers; results joined in task order. One
         group goes to the least busy manager; more (an evaluation) are split as on-policy."""
-        live = [m for m in range(len(self.source.managers)) if m not in self.source._gone]
-        if not live:
-            raise RolloutError("every env manager died and none came back (runtime.max_restarts="
-                               f"{self.source.runtime.max_restarts}); the run cannot play episodes")
-        blocks = [b for b in split_groups(tasks, len(live)) if b]
-        managers = [min(live, key=lambda m: self.busy[m])] if len(blocks) == 1 else live[-len(blocks):]
-        results = await asyncio.gather(*(self._job(_Job(m, b)) for m, b in zip(managers, blocks)))
+        live = self.source._live_managers()
+        shares = [(m, block) for m, block in zip(live, split_groups(tasks, len(live))) if block]
+        if len(shares) == 1:
+            shares = [(min(live, key=lambda m: self.busy[m]), shares[0][1])]
+        results = await asyncio.gather(*(self._job(_Job(m, block)) for m, block in shares))
         total = CollectResult([])
         for result in results:
             total.absorb(result)
