@@ -288,10 +288,6 @@ def check_runtime(cfg: Config) -> None:
         raise ConfigError(f"runtime.actor_train.world_size={n} splits each mini-batch between {n} ranks, but "
                           f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} has fewer rows; raise it "
                           f"to at least {n}")
-    if cfg.rollout.max_staleness:
-        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness}: runtime.kind=ray plays on-policy "
-                          "only (asynchronous rollout on Ray is not built yet); use rollout.max_staleness=0 or "
-                          "runtime.kind=local")
     # Combinations the Ray runtime does not place yet: refused by name rather than run differently.
     if cfg.engine.kind != "local":
         _check_served_on_ray(cfg)
@@ -324,6 +320,10 @@ def _check_served_on_ray(cfg: Config) -> None:
             "through vLLM's weight transfer (engine.vllm.weight_transfer)"
         raise ConfigError(f"runtime.weight_sync={rt.weight_sync} with {kind}: weights reach the servers {how}, not "
                           "by runtime.weight_sync; leave it at auto")
+    if cfg.rollout.max_staleness:
+        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness} with {kind} and runtime.kind=ray: "
+                          "asynchronous rollout on Ray plays on its own engine replicas (engine.kind=local); use "
+                          "rollout.max_staleness=0, or runtime.kind=local")
     if cfg.model.lora.enabled:
         # Every push of an adapter gives it a new name, which the env managers' clients would not send.
         raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with {kind} and runtime.kind=ray: the env managers' "

@@ -9,9 +9,9 @@ from agentrl import cli
 from agentrl.config import load_config, save_config
 
 
-def _run_folder(path, kind):
+def _run_folder(path, kind, *overrides):
     path.mkdir()
-    save_config(load_config(None, [f"runtime.kind={kind}"]), path / "config.yaml")
+    save_config(load_config(None, [f"runtime.kind={kind}", *overrides]), path / "config.yaml")
     return path
 
 
@@ -35,7 +35,11 @@ def test_bad_scale_input_is_one_line_and_writes_nothing(tmp_path, capsys, target
 @pytest.mark.parametrize("make, message", [
     (lambda p: p, "is not a run folder (no config.yaml)"),
     (lambda p: _run_folder(p, "local"), "is a runtime.kind=local run: only a Ray run (runtime.kind=ray) has engine"),
-], ids=["no-run", "local-run"])
+    (lambda p: _run_folder(p, "ray", "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]"),
+     "generates on engine.kind=remote: only the Ray run's own engine replicas (engine.kind=local) are scaled"),
+    (lambda p: _run_folder(p, "ray", "rollout.max_staleness=1"),
+     "plays asynchronously (rollout.max_staleness=1): replicas are added and removed between on-policy steps"),
+], ids=["no-run", "local-run", "served", "async"])
 def test_scale_refuses_a_folder_without_a_ray_run_in_one_line(tmp_path, capsys, make, message):
     run = make(tmp_path / "run")
     assert cli.main(["scale", str(run), "engines=2"]) == 2

@@ -21,7 +21,6 @@ def _cfg(*overrides):
     ([*RAY, "runtime.actor_infer.device_mapping=[0,0]"], "names a GPU twice"),
     ([*RAY, "runtime.actor_infer.world_size=3", "runtime.actor_infer.device_mapping=[0,1]"], "give one GPU per worker"),
     ([*RAY, "runtime.actor_train.world_size=32"], "actor.ppo_mini_batch_size=16 has fewer rows"),
-    ([*RAY, "rollout.max_staleness=1"], "runtime.kind=ray plays on-policy only"),
     ([*RAY, "device=cuda"], "set runtime.actor_train.device_mapping"),
     ([*RAY, "runtime.weight_sync=nccl", "runtime.actor_train.device_mapping=[0]",
       "runtime.actor_infer.device_mapping=[0]"], "NCCL cannot broadcast between processes on one GPU"),
@@ -37,6 +36,9 @@ def _cfg(*overrides):
     ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "model.lora.rank=8"],
      "model.lora.rank=8 with engine.kind=remote and runtime.kind=ray"),
     ([*RAY, "engine.kind=vllm", "engine.vllm.replicas=2"], "set runtime.actor_infer.world_size=2 instead"),
+    ([*RAY, "engine.kind=vllm", "rollout.max_staleness=1"],
+     "rollout.max_staleness=1 with engine.kind=vllm and runtime.kind=ray: asynchronous rollout on Ray plays on its "
+     "own engine replicas"),
     ([*RAY, "engine.kind=vllm", "engine.vllm.weight_transfer=nccl"],
      "engine.vllm.weight_transfer=nccl broadcasts from trainer rank 0's GPU into the vLLM servers' GPUs"),
 ])

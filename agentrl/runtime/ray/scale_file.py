@@ -56,6 +56,10 @@ def check_ray_run(run_dir: Path) -> None:
     if cfg.engine.kind != "local":
         raise ConfigError(f"{run_dir} generates on engine.kind={cfg.engine.kind}: only the Ray run's own engine "
                           "replicas (engine.kind=local) are scaled; start or stop the servers yourself")
+    if cfg.rollout.max_staleness:
+        raise ConfigError(f"{run_dir} plays asynchronously (rollout.max_staleness={cfg.rollout.max_staleness}): "
+                          "replicas are added and removed between on-policy steps only (not built for a stream "
+                          "of groups in flight yet)")
 
 
 def request_scale(run_dir: str | Path, engines: int) -> Path:

@@ -205,10 +205,7 @@ class RaySource:
     # ------------------------------------------------------------------ playing
     def _play(self, tasks: list[Task]) -> CollectResult:
         """Play `tasks` on the env managers; their results joined in task order."""
-        live = [m for m in range(len(self.managers)) if m not in self._gone]
-        if not live:
-            raise RolloutError("every env manager died and none came back (runtime.max_restarts="
-                               f"{self.runtime.max_restarts}); the run cannot play episodes")
+        live = self._live_managers()
         jobs = [_Job(m, block) for m, block in zip(live, split_groups(tasks, len(live))) if block]
         for job in jobs:
             if job.manager in self._down:  # still restarting: wait for it rather than lose an attempt
@@ -223,6 +220,14 @@ class RaySource:
             total.absorb(job.result)
             total.trajectories += job.result.trajectories
         return total
+
+    def _live_managers(self) -> list[int]:
+        """The env managers that may still play (one that died for good is left out)."""
+        live = [m for m in range(len(self.managers)) if m not in self._gone]
+        if not live:
+            raise RolloutError("every env manager died and none came back (runtime.max_restarts="
+                               f"{self.runtime.max_restarts}); the run cannot play episodes")
+        return live
 
     def _submit(self, job: _Job) -> None:
         if self.served is not None:  # its client stamps ids with it where the servers do not (called in order)

@@ -236,7 +236,8 @@ class TrainerActor(TrainRank):
         self.tokenizer = self.spec.tokenizer
         self.run_dir = Path(self.plan.run_dir)
         self.trainer: Trainer | None = None
-        self.source: Any = None
+        self.source: Any = None  # the trainer's rollout source: ray_source, or a stream over it
+        self.ray_source: Any = None
 
     def setup(self, source_parts: dict[str, Any], workers: list[Any], reference: Any, critic: Any,
               elastic: Any = None) -> int:
@@ -249,12 +250,19 @@ class TrainerActor(TrainRank):
         if served is not None:
             served = build_served(self.plan, self.model, self.tokenizer, served["replicas"], served["api_key"])
         # What the engines serve: the adapter state with LoRA, else the full state dict.
-        self.source = RaySource(self.plan, weights=lambda: self.actor.engine_weights(), served=served, **source_parts)
+        self.ray_source = RaySource(self.plan, weights=lambda: self.actor.engine_weights(), served=served,
+                                    **source_parts)
+        self.source = self.ray_source
         if elastic is not None:
             from agentrl.runtime.ray.elastic import ElasticEngines
 
-            self.source.elastic = ElasticEngines(elastic, self.source,
-                                                 log=lambda message: print(message, file=sys.stderr, flush=True))
+            self.ray_source.elastic = ElasticEngines(elastic, self.ray_source,
+                                                     log=lambda message: print(message, file=sys.stderr, flush=True))
+        if self.plan.max_staleness:  # groups played ahead: the local stream over the actors
+            from agentrl.runtime.ray.stream import ray_stream_source
+
+            self.source = ray_stream_source(self.ray_source, self.plan.max_staleness, self.plan.rollout.episode_timeout,
+                                            accept_stale=self.plan.rollout.stale_samples == "correct")
         actor = ShardedActor(self.actor, workers) if workers else self.actor
         self.trainer = Trainer(self.spec.cfg, actor, self.source, self.tokenizer, self.run_dir,
                                eval_baselines=eval_baselines(bind(self.plan).factories),
@@ -273,7 +281,7 @@ class TrainerActor(TrainRank):
 
         transport = make_transport(backend)
         transport.join(host, port, 0, world_size, self.plan.runtime.collective_timeout, self.actor.device)
-        self.source.use_transport(transport)
+        self.ray_source.use_transport(transport)
         return backend
 
     def restore(self) -> int:
