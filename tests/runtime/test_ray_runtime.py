@@ -399,3 +399,30 @@ def test_an_openai_client_agent_trains_on_ray_as_locally(cluster, cache, tmp_pat
     for mine, theirs in zip(rows, local):
         print({k: (mine[k], theirs[k]) for k in ENGINE_LOGPROB_KEYS if k in mine and mine[k] != theirs[k]})
         assert all(mine[k] == pytest.approx(theirs[k], abs=1e-6) for k in ENGINE_LOGPROB_KEYS if k in mine)
+
+
+# The feature matrix (issue 31): each feature a user moves from `local` to `ray` keeps its numbers.
+# An entry is the overrides that turn the feature on; both runtimes run them on the warm-started
+# FrozenLake of LAKE (rewards differ within a group), 2 steps, and every non-perf metric is equal.
+FEATURES = {
+    "history_window": ["agent.args.history_length=1"],
+    "critic": PPO,
+    "gigpo": ["algorithm.adv_estimator=gigpo"],
+}
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_each_feature_logs_the_local_metrics_on_ray(cluster, cache, tmp_path, feature):
+    """One feature on, `local` then `ray` (one engine replica, one env manager, two nodes):
+    every logged value but the perf/ and ray/ ones is identical, and the feature left its mark."""
+    model = _model(cache, [*LAKE, "model.warm_start.max_steps=60"])
+    for kind in ("local", "ray"):
+        cfg = load_config("configs/frozen_lake.yaml", [
+            *LAKE, "rollout.batch_size=8", "rollout.group_size=4", "trainer.total_steps=2", "trainer.test_freq=0",
+            *FEATURES[feature], f"model.path={model}", f"run_dir={tmp_path / kind}", f"runtime.kind={kind}"])
+        train(cfg, log=lambda m: None)
+    local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "ray")
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("ray/")} for r in rows]  # noqa: E731
+    assert [r["step"] for r in local] == [0, 1, 2, 2] and strip(remote) == strip(local)
+    mark = {"history_window": "rollout/segments", "critic": "loss/value"}.get(feature)  # GiGPO logs nothing of its own
+    assert mark is None or any(r.get(mark) for r in local), (feature, sorted(local[1]))
