@@ -117,9 +117,6 @@ def _validate_curriculum(cfg: Config) -> None:
         raise ConfigError(f"rollout.curriculum.enable=true with rollout.max_staleness={cfg.rollout.max_staleness}: a "
                           "curriculum draws each step's tasks from the estimates of the steps before, which a stream "
                           "plays ahead of; use rollout.max_staleness=0")
-    if c.enable and cfg.runtime.kind == "ray":
-        raise ConfigError("rollout.curriculum.enable=true with runtime.kind=ray: curricula run in the local runtime "
-                          "only for now; use runtime.kind=local")
 
 
 def _validate_env_groups(cfg: Config) -> None:

@@ -155,8 +155,6 @@ def test_thresholds_out_of_order_and_rollouts_it_cannot_steer_are_one_line():
         load_config(None, ["rollout.curriculum.hard_threshold=0.8", "rollout.curriculum.easy_threshold=0.2"])
     with pytest.raises(ConfigError, match=r"rollout.curriculum.enable=true with rollout.max_staleness=1"):
         load_config(None, ["rollout.curriculum.enable=true", "rollout.max_staleness=1"])
-    with pytest.raises(ConfigError, match=r"rollout.curriculum.enable=true with runtime.kind=ray: .* local runtime"):
-        load_config(None, ["rollout.curriculum.enable=true", "runtime.kind=ray"])
     load_config(None, ["rollout.max_staleness=1"])  # off, the curriculum asks nothing of the rollout
 
 

@@ -409,6 +409,9 @@ FEATURES = {
     "history_window": ("configs/frozen_lake.yaml", ["agent.args.history_length=1"], "rollout/segments"),
     "critic": ("configs/frozen_lake.yaml", PPO, "loss/value"),
     "gigpo": ("configs/frozen_lake.yaml", ["algorithm.adv_estimator=gigpo"], None),  # logs nothing of its own
+    # rank 0 draws each step's tasks from the estimates the env managers' episodes updated
+    "curriculum": ("configs/frozen_lake.yaml", ["rollout.curriculum.enable=true", "rollout.curriculum.pool_size=4"],
+                   "curriculum/unseen_tasks"),
     # the tool agent with the sandboxed python tool, run by the env managers (bubblewrap in their processes)
     # (a model that has learnt the call's form: the shape and warm start of tests/e2e/test_tool_train.py)
     "tool_agent": ("configs/tool_python.yaml", [

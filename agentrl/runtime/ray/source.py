@@ -116,7 +116,7 @@ class RaySource:
         def next_batch(attempt: int) -> tuple[Groups, CollectResult, int]:
             result = self._play(self.tasks.step(step, attempt))
             return groups_of(result.trajectories), result, 0
-        return fill_step(next_batch, self.tasks.n_groups, keep, max_batches)
+        return fill_step(next_batch, self.tasks.n_groups, keep, max_batches, on_played=self.tasks.observe)
 
     def evaluate(self) -> CollectResult:
         """Play the evaluation tasks, then make every replica forget them."""
