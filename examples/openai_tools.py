@@ -26,7 +26,7 @@ async def run(client, env, task) -> float | None:
     messages = [{"role": "user", "content": f"{env.instructions}\n{obs}"}]
     calls = 0
     for _ in range(8):
-        response = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=64,
+        response = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=256,
                                                         **({"tools": schemas} if schemas else {}))
         choice = response.choices[0]
         message = choice.message

@@ -12,12 +12,20 @@ one sequence per segment (a history rewrite starts a new one). The function's re
 the episode's reward; None: the env's step rewards, each credited to the reply before the step.
 A reward posted to `/sessions/<id>/reward` counts when the function returns None.
 
+Tools (`agent.args.tools`, `tool_args`, `max_tool_calls`, `tool_timeout`, `needs_tools`: the tool agent's names and
+meanings, agents/tool.py): the function passes `tools=[t.schema for t in offered_tools().values()]`
+to the client, gets the model's `<tool_call>` blocks back as `tool_calls` (the session server parses
+them), runs each with `await call_tool(call.function.name, call.function.arguments)` (the same tool
+functions, sandbox and errors as the tool agent) and answers with a `tool` message; the calls are
+counted in the episode's `tools/` metrics, and the warm start demonstrates them where the env can
+(`env.demonstration`). examples/openai_tools.py is such a function.
+
 Sampling is the run's, whatever the client asks: the trainer recomputes logprobs at
 rollout.temperature, so the session decodes with rollout.temperature/top_p/top_k (greedily in
 evaluation), seeded by the task and the turn; `max_tokens` is honoured up to
-rollout.max_new_tokens, stop strings are. A call with no room left (env.max_turns calls made,
-the context or the episode's token budget spent) gets an empty reply cut off at its length, and
-the episode is recorded as truncated for that reason.
+rollout.max_new_tokens, stop strings are. A call with no room left (env.max_turns calls made, plus
+`max_tool_calls` when the run offers tools; the context or the episode's token budget spent) gets
+an empty reply cut off at its length, and the episode is recorded as truncated for that reason.
 """
 
 from __future__ import annotations
@@ -26,17 +34,20 @@ import asyncio
 import importlib
 import inspect
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agentrl.agents.chat import turn_sampling
+from agentrl.agents.tool import check_int, offer_tools
 from agentrl.envs.base import Env
 from agentrl.errors import EngineError
 from agentrl.llm.conversation import TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.registry import import_file, register_agent
 from agentrl.tokenizer import Tokenizer
+from agentrl.tools.tool import EPISODE_TOOLS, EpisodeTools
 from agentrl.trajectory import Task, Trajectory
 
 ENTRY_HELP = ("agent.args.entry must be 'module:function' naming `async def run(client, env, task)` "
@@ -140,10 +151,15 @@ class OpenAIAgent:
     """Runs `entry(client, env, task)` per episode through a session of the loop's session server."""
 
     def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int, system_prompt: str | None = None,
-                 budget: TokenBudget | None = None, entry: str = "", timeout: float = 600.0) -> None:
+                 budget: TokenBudget | None = None, entry: str = "", timeout: float = 600.0,
+                 tools: Sequence[str] = (), tool_args: dict[str, dict] | None = None, max_tool_calls: int = 4,
+                 tool_timeout: float = 30.0, needs_tools: bool | None = None) -> None:
         self.run_fn = resolve_entry(entry)
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"agent.args.timeout={timeout!r} must be a positive number of seconds")
+        self.tools = offer_tools(tools, tool_args, tool_timeout, needs_tools)
+        check_int("max_tool_calls", max_tool_calls, 0)
+        self.max_tool_calls, self.tool_timeout, self.needs_tools = max_tool_calls, float(tool_timeout), needs_tools
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.max_turns = max_turns
@@ -158,10 +174,14 @@ class OpenAIAgent:
         from agentrl.llm.server.app import session_server
 
         host = await session_server()
-        policy = RunSampling(self.sampling, task, self.budget, self.max_turns)
+        # As the tool agent's: an episode of max_turns env steps may make up to max_tool_calls more calls.
+        calls = self.max_turns + (self.max_tool_calls if self.tools else 0)
+        policy = RunSampling(self.sampling, task, self.budget, calls)
         session = host.sessions.open(self.tokenizer, llm, asyncio.get_running_loop(), policy,
                                      episode=asyncio.current_task())
         recorder = _RecordingEnv(env, session)
+        offered = EpisodeTools(self.tools, self.tool_timeout, self.max_tool_calls)
+        token = EPISODE_TOOLS.set(offered)  # this episode's task only
         # One connection per episode (a pool shared by every episode is slow to search).
         http = httpx.AsyncClient(verify=host.ssl_context, timeout=self.timeout)
         client = openai.AsyncOpenAI(base_url=f"{host.url}/sessions/{session.id}/v1", api_key=host.api_key,
@@ -173,15 +193,22 @@ class OpenAIAgent:
                 raise EngineError(session.engine_error) from e
             raise
         finally:
+            EPISODE_TOOLS.reset(token)
             await http.aclose()
             host.sessions.close(session.id)
         reward = _reward(returned, session.posted_reward)
-        return self._trajectories(task, session, recorder, reward)
+        return self._trajectories(task, session, recorder, reward, offered)
 
-    def _trajectories(self, task: Task, session: Any, env: _RecordingEnv,
-                      reward: float | None) -> Trajectory | list[Trajectory]:
+    def _trajectories(self, task: Task, session: Any, env: _RecordingEnv, reward: float | None,
+                      offered: EpisodeTools) -> Trajectory | list[Trajectory]:
         reason = None if env._terminated else ("env" if env._truncated else session.stop_reason or "max_turns")
         info = {k: v for k, v in env._info.items() if k != "success"}
+        if self.tools:  # as the tool agent's: the tools/ metrics, and the mark the reward_without_tools alarm reads
+            metrics = info.get("metrics") if isinstance(info.get("metrics"), dict) else {}
+            info["metrics"] = {**metrics, **offered.usage.metrics(bool(env._info.get("success", False)))}
+            needs = self.needs_tools if self.needs_tools is not None else bool(getattr(env._env, "needs_tools", False))
+            if needs:
+                info["needs_tools"] = True
         segments = session.records(reward) or [(_empty_record(), [], 0)]
         if self.budget.context:  # a reply that filled the context keeps no closing past it (as ChatAgent)
             last = segments[-1][0]

@@ -37,38 +37,21 @@ import asyncio
 import bisect
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from agentrl.agents.chat import start_conversation, take_turn
 from agentrl.envs.base import Env
-from agentrl.errors import ConfigError, ToolError, ToolTimeout, did_you_mean
+from agentrl.errors import ConfigError, did_you_mean
 from agentrl.llm.conversation import Conversation, TokenBudget, check_chat_template
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.llm.tool_calls import OPEN, ToolCall, call_text, parse_tool_calls
 from agentrl.registry import TOOLS, register_agent
 from agentrl.tokenizer import Tokenizer
 from agentrl.tools import Tool
+from agentrl.tools.tool import ToolUsage, answer_call
 from agentrl.trajectory import Task, Trajectory
 
 TRUNCATE_SIDES = ("left", "right", "middle")
-
-
-@dataclass
-class ToolUsage:
-    """One episode's tool calls, counted."""
-
-    calls: int = 0
-    malformed: int = 0
-    errors: int = 0
-    timeouts: int = 0
-
-    def metrics(self, success: bool) -> dict[str, float]:
-        """The episode's `tools/` metrics."""
-        used = self.calls > 0
-        return {"tools/calls": float(self.calls), "tools/malformed": float(self.malformed),
-                "tools/errors": float(self.errors), "tools/timeouts": float(self.timeouts), "tools/used": float(used),
-                f"tools/success_{'with' if used else 'without'}_tool": float(success)}
 
 
 class ToolAgent:
@@ -82,21 +65,12 @@ class ToolAgent:
         # Arguments are rejected with ValueError, as every agent's (the run names the config key).
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        _check_int("max_tool_calls", max_tool_calls, 0)
-        _check_int("max_tool_response_length", max_tool_response_length, 1)
-        if isinstance(tool_timeout, bool) or not isinstance(tool_timeout, (int, float)) or not tool_timeout > 0:
-            raise ValueError(f"tool_timeout={tool_timeout!r}; expected seconds > 0")
-        if needs_tools is not None and not isinstance(needs_tools, bool):
-            raise ValueError(f"needs_tools={needs_tools!r}; expected true, false or null (the env's needs_tools)")
+        check_int("max_tool_calls", max_tool_calls, 0)
+        check_int("max_tool_response_length", max_tool_response_length, 1)
         if tool_response_truncate_side not in TRUNCATE_SIDES:
             raise ValueError(f"tool_response_truncate_side={tool_response_truncate_side!r}; expected one of "
                              f"{', '.join(TRUNCATE_SIDES)}")
-        try:
-            self.tools = resolve_tools(tools, tool_args)
-            for t in self.tools.values():
-                t.start()  # a tool that cannot run here says so now, in one line
-        except ConfigError as e:
-            raise ValueError(str(e)) from None
+        self.tools = offer_tools(tools, tool_args, tool_timeout, needs_tools)
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.max_turns = max_turns
@@ -204,30 +178,10 @@ class ToolAgent:
         return [self._truncate(a) for a in answers]
 
     async def _run(self, call: ToolCall, usage: ToolUsage) -> str:
-        problem = call.error
-        tool = None
-        arguments = call.arguments
-        if problem is None:
-            tool = self.tools.get(call.name)
-            if tool is None:
-                problem = (f"unknown tool {call.name!r}.{did_you_mean(call.name, self.tools)} "
-                           f"The tools: {', '.join(self.tools)}")
-        if problem is None and isinstance(arguments, str):  # arguments written as a JSON string
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
-                problem = f"the arguments of {call.name} are a string that is not JSON"
-        if problem is None:
-            problem = tool.argument_error(arguments)
-        if problem is not None:
+        if call.error is not None:
             usage.malformed += 1
-            return f"Error: {problem}"
-        try:
-            return await tool.run(arguments, self.tool_timeout)
-        except ToolError as e:
-            usage.errors += 1
-            usage.timeouts += int(isinstance(e, ToolTimeout))
-            return f"Error: {e}"
+            return f"Error: {call.error}"
+        return await answer_call(self.tools, call.name, call.arguments, self.tool_timeout, usage)
 
     async def _refused(self, usage: ToolUsage) -> str:
         usage.errors += 1
@@ -242,6 +196,23 @@ class ToolAgent:
         if self.truncate_side == "right":
             return "(truncated)..." + text[-n:]
         return text[:n // 2] + "...(truncated)..." + text[-(n // 2):]
+
+
+def offer_tools(tools: Sequence[str], tool_args: dict[str, dict] | None, tool_timeout: float,
+                needs_tools: bool | None) -> dict[str, Tool]:
+    """An agent's tools, checked and started (a tool that cannot run here says so now); ValueError
+    with one line for a bad setting, as every agent argument."""
+    if isinstance(tool_timeout, bool) or not isinstance(tool_timeout, (int, float)) or not tool_timeout > 0:
+        raise ValueError(f"tool_timeout={tool_timeout!r}; expected seconds > 0")
+    if needs_tools is not None and not isinstance(needs_tools, bool):
+        raise ValueError(f"needs_tools={needs_tools!r}; expected true, false or null (the env's needs_tools)")
+    try:
+        resolved = resolve_tools(tools, tool_args)
+        for t in resolved.values():
+            t.start()
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
+    return resolved
 
 
 def resolve_tools(names: Sequence[str], tool_args: dict[str, dict] | None) -> dict[str, Tool]:
@@ -266,7 +237,8 @@ def resolve_tools(names: Sequence[str], tool_args: dict[str, dict] | None) -> di
     return {name: configured.get(name) or TOOLS.get(name) for name in names}
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
+def check_int(name: str, value: Any, low: int) -> None:
+    """ValueError with one line unless `value` is an int >= `low` (an agent argument named `name`)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name}={value!r}; expected an int >= {low}")
 

@@ -32,11 +32,12 @@ import asyncio
 import inspect
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentrl.errors import ConfigError, ToolError, ToolTimeout, as_failure, did_you_mean, shown
+from agentrl.errors import AgentRLError, ConfigError, ToolError, ToolTimeout, as_failure, did_you_mean, shown
 from agentrl.registry import TOOLS
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
@@ -116,6 +117,87 @@ class Tool:
                 raise  # KeyboardInterrupt on the main thread, GeneratorExit: not the tool's to answer
             raise ToolError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
         return result if isinstance(result, str) else json.dumps(result, default=str)
+
+
+@dataclass
+class ToolUsage:
+    """One episode's tool calls, counted."""
+
+    calls: int = 0
+    malformed: int = 0
+    errors: int = 0
+    timeouts: int = 0
+
+    def metrics(self, success: bool) -> dict[str, float]:
+        """The episode's `tools/` metrics."""
+        used = self.calls > 0
+        return {"tools/calls": float(self.calls), "tools/malformed": float(self.malformed),
+                "tools/errors": float(self.errors), "tools/timeouts": float(self.timeouts), "tools/used": float(used),
+                f"tools/success_{'with' if used else 'without'}_tool": float(success)}
+
+
+async def answer_call(tools: Mapping[str, Tool], name: str, arguments: Any, timeout: float | None,
+                      usage: ToolUsage) -> str:
+    """The answer to one well-formed call of `name` with `arguments` (a mapping, or a JSON string
+    as OpenAI clients carry them): the tool's output, or `Error: ...` saying what went wrong,
+    counted in `usage` (an unknown tool or bad arguments as malformed)."""
+    problem, tool = None, tools.get(name)
+    if tool is None:
+        problem = f"unknown tool {name!r}.{did_you_mean(name, tools)} The tools: {', '.join(tools)}"
+    elif isinstance(arguments, str):  # arguments written as a JSON string
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            problem = f"the arguments of {name} are a string that is not JSON"
+    if problem is None:
+        problem = tool.argument_error(arguments)
+    if problem is not None:
+        usage.malformed += 1
+        return f"Error: {problem}"
+    try:
+        return await tool.run(arguments, timeout)
+    except ToolError as e:
+        usage.errors += 1
+        usage.timeouts += int(isinstance(e, ToolTimeout))
+        return f"Error: {e}"
+
+
+@dataclass
+class EpisodeTools:
+    """The tools a run offers the episode being played, their timeout, and the calls counted."""
+
+    tools: Mapping[str, Tool]
+    timeout: float | None = None
+    max_calls: int | None = None  # calls past it are refused (answered with an error), as the tool agent's
+    usage: ToolUsage = field(default_factory=ToolUsage)
+
+
+# Set by an agent around the user's code of one episode (agents/openai.py): each episode is an
+# asyncio task, and a task sees the context it set, never another episode's.
+EPISODE_TOOLS: ContextVar[EpisodeTools | None] = ContextVar("agentrl_episode_tools", default=None)
+
+
+def offered_tools() -> dict[str, Tool]:
+    """The tools the run offers the episode being played (an OpenAI-client agent's `agent.args.tools`,
+    with their `tool_args`), by name; {} outside an episode or when it offers none."""
+    episode = EPISODE_TOOLS.get()
+    return dict(episode.tools) if episode is not None else {}
+
+
+async def call_tool(name: str, arguments: Any) -> str:
+    """Run the model's call of `name` (an OpenAI `tool_call`'s function name and arguments) with the
+    episode's tools, as the tool agent does: the answer for the `tool` message, counted in the
+    episode's `tools/` metrics."""
+    episode = EPISODE_TOOLS.get()
+    if episode is None:
+        raise AgentRLError("call_tool runs a call inside an episode of an agentrl run (agent.type=openai with "
+                           "agent.args.tools); outside one, run the Tool itself: `await tool.run(arguments)`")
+    usage = episode.usage
+    usage.calls += 1
+    if episode.max_calls is not None and usage.calls > episode.max_calls:
+        usage.errors += 1
+        return f"Error: no tool calls left in this episode (at most {episode.max_calls}); answer without tools"
+    return await answer_call(episode.tools, name, arguments, episode.timeout, usage)
 
 
 def tool(fn: Callable | None = None, *, name: str | None = None, check: Callable[[dict[str, Any]], None] | None = None,
