@@ -125,3 +125,25 @@ def bwrap_problem():
     except ConfigError as e:
         return str(e)
     return None
+
+
+@contextlib.contextmanager
+def agentrl_serve(*args, cwd):
+    """`agentrl serve ARGS serve.port=0 serve.api_key=secret` in a subprocess; yields its URL (read
+    from its first line) and stops it with SIGTERM, asserting a clean exit."""
+    import signal
+    import subprocess
+    import sys
+
+    import pytest
+
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", *args, "serve.port=0",
+                             "serve.api_key=secret"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    line = proc.stdout.readline()
+    if not line.startswith("agentrl serve: "):
+        proc.kill()
+        pytest.fail(f"agentrl serve did not start: {line}{proc.stderr.read()[-2000:]}")
+    yield line.split()[2]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0  # a clean stop on SIGTERM

@@ -21,6 +21,7 @@ from agentrl.config import load_config
 from agentrl.errors import ConfigError
 from agentrl.metrics import read_jsonl
 from agentrl.runtime.local import train
+from helpers import agentrl_serve
 
 ROOT = Path(__file__).parents[2]
 TINY = [
@@ -40,17 +41,8 @@ def cache_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(cache_dir):
     """`agentrl serve` of the tiny config in a subprocess (a free port, read from its first line)."""
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", "configs/frozen_lake.yaml", *TINY,
-                             "serve.port=0", "serve.api_key=secret", f"model.cache_dir={cache_dir}"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    line = proc.stdout.readline()
-    if not line.startswith("agentrl serve: "):
-        proc.kill()
-        pytest.fail(f"agentrl serve did not start: {line}{proc.stderr.read()[-2000:]}")
-    yield line.split()[2]
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0  # a clean stop on SIGTERM
+    with agentrl_serve("configs/frozen_lake.yaml", *TINY, f"model.cache_dir={cache_dir}", cwd=ROOT) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,6 @@ engine.kind=vllm starts its replicas' vLLM servers as Ray actors, trains on them
 (skipped, saying why, without the vLLM environment)."""
 
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -18,6 +15,7 @@ from agentrl import cli  # noqa: E402
 from agentrl.config import load_config  # noqa: E402
 from agentrl.metrics import read_jsonl  # noqa: E402
 from agentrl.runtime.local import train  # noqa: E402
+from helpers import agentrl_serve  # noqa: E402
 from test_ray_runtime import ENGINE_LOGPROB_KEYS, LAKE, cache, cluster  # noqa: E402,F401  (the module's fixtures)
 
 pytestmark = pytest.mark.ray
@@ -35,17 +33,8 @@ def _rows(run_dir):
 @pytest.fixture(scope="module")
 def served(cache):
     """`agentrl serve` of the runs' own config in a subprocess, on loopback (its URL)."""
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", "configs/frozen_lake.yaml", *SERVED,
-                             "serve.port=0", "serve.api_key=secret", f"model.cache_dir={cache}"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    line = proc.stdout.readline()
-    if not line.startswith("agentrl serve: "):
-        proc.kill()
-        pytest.fail(f"agentrl serve did not start: {line}{proc.stderr.read()[-2000:]}")
-    yield line.split()[2]
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=30)
+    with agentrl_serve("configs/frozen_lake.yaml", *SERVED, f"model.cache_dir={cache}", cwd=ROOT) as url:
+        yield url
 
 
 def test_a_ray_run_on_a_remote_engine_gives_the_local_runs_metrics(cluster, cache, served, tmp_path):
