@@ -145,6 +145,10 @@ def _validate_env_groups(cfg: Config) -> None:
 def check_model_section(cfg: Config) -> None:
     """model.lora and the token budgets: one line naming the field, before anything is built."""
     lora = cfg.model.lora
+    if lora.enabled and cfg.engine.kind == "remote":
+        # RemoteEngine sends whole state dicts; an adapter state (tensors and its peft config) has no route yet.
+        raise ConfigError(f"model.lora.rank={lora.rank} with engine.kind=remote: adapters are not sent to remote "
+                          "servers yet; use engine.kind=local or engine.kind=vllm (which loads them as LoRA adapters)")
     if lora.enabled:
         names = lora.target_modules
         if not names or not all(isinstance(n, str) and n.strip() for n in names):
@@ -321,11 +325,6 @@ def _check_served_on_ray(cfg: Config) -> None:
         raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness} with {kind} and runtime.kind=ray: "
                           "asynchronous rollout on Ray plays on its own engine replicas (engine.kind=local); use "
                           "rollout.max_staleness=0, or runtime.kind=local")
-    if cfg.model.lora.enabled:
-        # Every push of an adapter gives it a new name, which the env managers' clients would not send.
-        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} with {kind} and runtime.kind=ray: the env managers' "
-                          "clients would not name the adapter each push loads; use engine.kind=local on Ray, or "
-                          "runtime.kind=local")
     if e.kind != "vllm" or e.urls:
         return
     if e.vllm.replicas != 1:

@@ -65,6 +65,13 @@ def is_peft(model: torch.nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
+def base_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The base weights of a model with LoRA layers injected, under the names of the model without
+    them (what a server loads as its base); a model without adapters: its state dict."""
+    inner = model.get_base_model() if is_peft(model) else model
+    return {k.replace(".base_layer.", "."): t.detach() for k, t in inner.state_dict().items() if "lora_" not in k}
+
+
 def linear_names(model: torch.nn.Module) -> set[str]:
     """The last name part of every linear layer but the output head (what target_modules match)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -118,3 +118,23 @@ def test_a_ray_run_on_vllm_starts_a_server_per_replica_syncs_it_and_restarts_it_
                 httpx.get(f"http://{host}:{port}/health", timeout=5)
     print(f"vLLM server killed in step 2: {rows[1]['rollout/errors']:g} episode attempts failed and were retried; "
           f"groups dropped {rows[1].get('rollout/dropped_groups', 0):g}")
+
+
+@pytest.mark.skipif(not Path(VLLM_PYTHON).is_file(), reason=f"no vLLM environment at {VLLM_PYTHON}: run `make vllm` "
+                    "(or set AGENTRL_VLLM_PYTHON)")
+def test_lora_on_the_run_s_vllm_replicas_trains_on_ray(cluster, cache, tmp_path):
+    """model.lora.rank=8 with engine.kind=vllm on Ray: version 0 is the base weights, each update is
+    loaded into the replica's server as a LoRA adapter (`policy-vN`), which the env manager's
+    requests then name and whose version they carry; the probe (the adapter's logprobs of fixed ids
+    against the trainer's) passes after every push."""
+    run = tmp_path / "run"
+    cfg = load_config("configs/frozen_lake.yaml", [
+        *VLLM_SMALL, "model.lora.rank=8", "actor.lr=5e-3", f"model.cache_dir={cache}", f"run_dir={run}",
+        "runtime.kind=ray", "engine.kind=vllm", f"engine.vllm.python={VLLM_PYTHON}",
+        "engine.vllm.args=[--enforce-eager]", "runtime.restart_timeout=1800"])
+    assert train(cfg, log=lambda m: None)["steps"] == 2
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["policy/engine_probe_diff"] <= 1e-3 for r in rows)
+    assert all(r["rollout/staleness_max"] == 0 and r["rollout/response_tokens"] > 0 for r in rows)
+    adapters = sorted(p.name for p in (run / "vllm" / "vllm-weights").iterdir() if p.is_dir())
+    assert adapters == ["policy-v1", "policy-v2"]  # the adapters the server holds (the newest two)

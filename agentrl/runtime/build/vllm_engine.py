@@ -18,6 +18,7 @@ from agentrl.errors import ConfigError
 from agentrl.llm.vllm.engine import VllmEngine, probe_ids
 from agentrl.llm.vllm.launch import TRANSPORT, missing_vllm, vllm_python
 from agentrl.models.loading import save_pretrained
+from agentrl.models.lora import base_state
 from agentrl.runtime.build.plan_types import RunPlan
 from agentrl.tokenizer import Tokenizer
 from agentrl.train.forward import token_logprobs
@@ -70,9 +71,10 @@ def engine_options(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> dict[
 
 
 def with_initial_weights(served: VllmEngine, model: Any) -> VllmEngine:
-    """`served` once it serves `model`'s weights as version 0 (closed, servers stopped, if that fails)."""
+    """`served` once it serves `model`'s weights as version 0 (its base weights when LoRA layers are
+    injected: the adapters follow with the first update; closed, servers stopped, if that fails)."""
     try:
-        served.load_weights({k: t.detach() for k, t in model.state_dict().items()}, version=0)
+        served.load_weights(base_state(model), version=0)
     except BaseException:
         served.close()
         raise

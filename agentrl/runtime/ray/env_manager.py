@@ -53,11 +53,20 @@ class EnvManagerActor:
         earlier attempts died with a previous incarnation of this actor."""
         return await self.collector.acollect(tasks, first_attempt)
 
-    async def set_policy_version(self, version: int) -> None:
+    async def set_policy_version(self, version: int, model: str | None = None) -> None:
         """The version trainer rank 0 last pushed to the servers (engine.kind=remote / vllm): a client
-        stamps it on ids where the servers do not, as the local run's engine does."""
+        stamps it on ids where the servers do not, as the local run's engine does. `model`: the LoRA
+        adapter that push loaded into vLLM, which requests then name (and stamp at send, as
+        `VllmEngine` does: the server labels only its base weights)."""
         if hasattr(self.client, "policy_version"):
             self.client.policy_version = version
+        if model is None:
+            return
+        if isinstance(self.client, HttpEngineClient):  # the run's vLLM replicas, reached once connected
+            await self.client.connect()
+        remote = getattr(self.client, "remote", self.client)
+        remote.wire.model, remote.wire.server_versions = model, False
+        remote.policy_version = version  # what the client stamps at send now
 
     async def info(self) -> dict[str, Any]:
         """Where it runs (and, over HTTP, the engine servers it reaches: started now, not mid-step)."""

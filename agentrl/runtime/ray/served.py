@@ -53,9 +53,12 @@ def build_served(run_plan: RunPlan, model: Any, tokenizer: Tokenizer, replicas: 
 
         return ServedEngine(make_engine(run_plan, model, tokenizer, next(model.parameters()).device), [])
     from agentrl.llm.vllm.engine import VllmEngine
+    from agentrl.models.lora import is_peft
     from agentrl.runtime.build.vllm_engine import engine_options, with_initial_weights
     from agentrl.runtime.ray.vllm_replica import ReplicaServer, replica_weights_dir
 
+    if is_peft(model):  # LoRA (trainer ranks wrap the policy): the probe runs the module with the adapters in it
+        model = model.get_base_model()
     servers = [ReplicaServer.of(h, f"engine-{i}", run_plan.runtime.restart_timeout) for i, h in enumerate(replicas)]
     engine = VllmEngine([s.url for s in servers], replica_weights_dir(run_plan), api_key=api_key, servers=servers,
                         **engine_options(run_plan, model, tokenizer))
@@ -80,6 +83,13 @@ class ServedEngine:
         version = self.engine.load_weights(weights, version)
         self._open(self.replicas)  # every server now serves the pushed weights
         return version
+
+    def request_model(self) -> str | None:
+        """The model name requests must carry: the adapter the latest LoRA push loaded into vLLM
+        (`policy-vN`, llm/vllm/engine.py), None for the served model itself."""
+        remote = getattr(self.engine, "remote", self.engine)  # a VllmEngine's RemoteEngine, or the RemoteEngine
+        wire = getattr(remote, "wire", None)
+        return getattr(wire, "model", None)
 
     def heal(self) -> None:
         """Start again the vLLM servers that died, give them the current weights, then let the env

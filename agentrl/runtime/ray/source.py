@@ -231,7 +231,7 @@ class RaySource:
 
     def _submit(self, job: _Job) -> None:
         if self.served is not None:  # its client stamps ids with it where the servers do not (called in order)
-            self.managers[job.manager].set_policy_version.remote(self._version)
+            self.managers[job.manager].set_policy_version.remote(self._version, self.served.request_model())
         job.ref = self.managers[job.manager].collect.remote(job.tasks, job.attempt)
         job.deadline = 0.0
 
