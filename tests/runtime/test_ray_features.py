@@ -3,8 +3,9 @@ and the parametrised matrix of history window, critic, GiGPO, curriculum and the
 against the local run of the same config on the two-node cluster of test_ray_runtime.py (a module of
 its own, so that the suite's two workers share the Ray tests)."""
 
+import shutil
+
 import pytest
-import torch
 
 ray = pytest.importorskip("ray")
 
