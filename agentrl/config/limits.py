@@ -61,6 +61,7 @@ RANGES: dict[str, Range] = {
     "model.warm_start.floor_tolerance": Range(0.0, 100.0, "nats per reply token"),
     "model.warm_start.patience": Range(1, 1_000_000),
     "model.warm_start.min_steps": STEPS,
+    "model.warm_start.demo_pool": Range(0, 1_000_000, "0 plays a fresh batch every step"),
     "model.lora.rank": Range(0, 2**16, "0 turns LoRA off"),
     "model.lora.alpha": Range(0.0, 1e6, lo_open=True),
     "model.lora.dropout": Range(0.0, 1.0, hi_open=True),

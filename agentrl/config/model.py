@@ -65,6 +65,10 @@ class WarmStartConfig:
     """Consecutive steps at the floor needed to stop."""
     min_steps: int = 0
     """Train at least this many steps, floor or not."""
+    demo_pool: int = 0
+    """Distinct demonstration batches played (0: a fresh batch every step); later steps train on
+    them again in turn. Where playing a demonstration is dear (a tool runs in a sandbox per call),
+    a pool of a few hundred batches lets a long warm start cost a short one's play."""
     observation_loss: bool = True
     """Also learn to predict the env's own text (observations, template); this builds the
     attention that reads observations, which reply-only demonstrations teach the model to ignore."""

@@ -44,7 +44,10 @@ def tiny_cache_key(cfg: Config, tokenizer: Tokenizer | None = None) -> str:
     for t in tags:
         envs[t]["args"] = effective_args(ENVS, envs[t]["type"], envs[t]["args"])
         agents[t]["args"] = effective_args(AGENTS, agents[t]["type"], agents[t]["args"])
-    parts = {"v": WARM_START_VERSION, "tiny": to_dict(cfg.model.tiny), "warm": to_dict(cfg.model.warm_start),
+    warm = to_dict(cfg.model.warm_start)
+    if not warm["demo_pool"]:
+        del warm["demo_pool"]  # the default plays as before the field existed: keep those models' keys
+    parts = {"v": WARM_START_VERSION, "tiny": to_dict(cfg.model.tiny), "warm": warm,
              "envs": envs, "agents": agents, "plan": cfg.group_tags("train"),
              "imports": cfg.imports, "seed": cfg.seed, "max_new_tokens": cfg.rollout.max_new_tokens,
              "budget": [cfg.rollout.max_episode_tokens, cfg.rollout.max_model_len],

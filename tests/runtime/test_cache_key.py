@@ -19,6 +19,8 @@ def test_spelling_out_a_default_argument_keeps_the_key_and_changing_it_does_not(
     assert tiny_cache_key(load_config(None, ["env.args.max_steps=8", "env.args.is_slippery=false"])) == default
     assert tiny_cache_key(load_config(None, ["env.args.max_steps=9"])) != default
     assert tiny_cache_key(load_config(None, ["agent.type=math_retry", "env.type=math"])) != default
+    assert tiny_cache_key(load_config(None, ["model.warm_start.demo_pool=0"])) == default
+    assert tiny_cache_key(load_config(None, ["model.warm_start.demo_pool=50"])) != default
 
 
 def test_the_cache_key_is_pinned_so_cached_warm_starts_stay_valid():

@@ -100,13 +100,19 @@ def build_tiny(run_plan: RunPlan, log: Callable[[str], None], tokenizer: Tokeniz
 
     failed: list[str] = []  # every failed attempt of a demonstration, said once at the end
 
+    played: dict[int, tuple[list, float]] = {}  # the demo_pool's batches, by the step that played them
+
     def demos(step: int):
+        if ws.demo_pool and step > ws.demo_pool:
+            return played[(step - 1) % ws.demo_pool + 1]
         tasks = TaskSource(run_plan.seed, 1, ()).demonstrations(step, demo_tags)
         client.reset_entropy()
         result = collector.collect(tasks)
         check_failed(result, r.max_failed_fraction, f"warm start step {step}: demonstrations")
         failed.extend(result.errors)
         # TODO: the entropy floor also counts replies of failed episodes (rare; it only nudges when to stop).
+        if ws.demo_pool:
+            played[step] = (result.trajectories, client.reply_entropy)
         return result.trajectories, client.reply_entropy
 
     stats = warm_start(model, demos, ws, tokenizer.pad_token_id, log)
