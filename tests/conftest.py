@@ -53,12 +53,25 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # a stable sort
 
 
+@pytest.fixture(scope="session")
+def run_model_cache(tmp_path_factory, pytestconfig):
+    """This test run's model cache folder: one for all its pytest-xdist workers (under their common
+    base temp), so that a warm start two workers' modules need is computed once (the cache's writes
+    are atomic, and a warm start is determined by its key). A test that reads or damages a cache on
+    purpose, or needs an empty one, names a folder of its own."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if hasattr(pytestconfig, "workerinput") else base) / "agentrl_cache"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _own_model_cache(tmp_path_factory):
-    """The model cache of a test that names none (model.cache_dir) is this session's own, in this
-    process and the ones it starts: no test reads what a user's ~/.cache/agentrl holds, or fills it."""
+def _own_model_cache(run_model_cache):
+    """The model cache of a test that names none (model.cache_dir) is this test run's own (see
+    run_model_cache), in this process and the ones it starts: no test reads what a user's
+    ~/.cache/agentrl holds, or fills it."""
     before = os.environ.get("AGENTRL_CACHE")
-    os.environ["AGENTRL_CACHE"] = str(tmp_path_factory.mktemp("agentrl_cache"))
+    os.environ["AGENTRL_CACHE"] = str(run_model_cache)
     yield
     if before is None:
         os.environ.pop("AGENTRL_CACHE", None)
