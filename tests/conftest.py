@@ -35,11 +35,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # first, so that none starts last and runs alone while the other worker idles. A module missing
 # from this list only costs time; the order within a module is never changed.
 LONGEST_FIRST = [
-    "e2e/test_run_folder.py", "runtime/test_ray_runtime.py", "runtime/test_ray_features.py",
-    "runtime/test_ray_served.py", "e2e/test_vllm_train.py",
-    "llm/test_vllm_engine.py", "e2e/test_benchmarks.py", "e2e/test_misbehaving_run.py", "e2e/test_vllm_launch.py",
-    "e2e/test_resume.py", "runtime/test_ray_async.py", "seeds/test_seed_style.py", "e2e/test_faults.py",
-    "e2e/test_train.py", "e2e/test_observe.py",
+    "runtime/test_ray_features.py", "runtime/test_ray_runtime.py", "e2e/test_run_folder.py",
+    "runtime/test_ray_served.py", "llm/test_vllm_engine.py", "e2e/test_benchmarks.py", "e2e/test_misbehaving_run.py",
+    "e2e/test_vllm_launch.py", "e2e/test_resume.py", "runtime/test_ray_async.py", "seeds/test_seed_style.py",
+    "e2e/test_faults.py", "e2e/test_train.py", "e2e/test_observe.py",
     "e2e/test_qwen_shape.py", "e2e/test_serve_train.py", "runtime/test_plan.py", "e2e/test_async.py",
     "e2e/test_tool_tasks_train.py", "e2e/test_tool_train.py",
 ]
@@ -53,12 +52,25 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # a stable sort
 
 
+@pytest.fixture(scope="session")
+def run_model_cache(tmp_path_factory, pytestconfig):
+    """This test run's model cache folder: one for all its pytest-xdist workers (under their common
+    base temp), so that a warm start two workers' modules need is computed once (the cache's writes
+    are atomic, and a warm start is determined by its key). A test that reads or damages a cache on
+    purpose, or needs an empty one, names a folder of its own."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if hasattr(pytestconfig, "workerinput") else base) / "agentrl_cache"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _own_model_cache(tmp_path_factory):
-    """The model cache of a test that names none (model.cache_dir) is this session's own, in this
-    process and the ones it starts: no test reads what a user's ~/.cache/agentrl holds, or fills it."""
+def _own_model_cache(run_model_cache):
+    """The model cache of a test that names none (model.cache_dir) is this test run's own (see
+    run_model_cache), in this process and the ones it starts: no test reads what a user's
+    ~/.cache/agentrl holds, or fills it."""
     before = os.environ.get("AGENTRL_CACHE")
-    os.environ["AGENTRL_CACHE"] = str(tmp_path_factory.mktemp("agentrl_cache"))
+    os.environ["AGENTRL_CACHE"] = str(run_model_cache)
     yield
     if before is None:
         os.environ.pop("AGENTRL_CACHE", None)

@@ -30,8 +30,8 @@ def _example():
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("model_cache")
+def cache_dir(run_model_cache):
+    return run_model_cache  # the test run's: a warm start other modules share
 
 
 def test_import_agentrl_is_light():

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
 import shutil
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,7 +79,7 @@ def load_embedded(path: Path, dtype: str, build: Callable[[Path], tuple[Any, Tok
     `build(tokenizer_dir)`'s, saved there first; the tokenizer's `name_or_path` is a tokenizer
     folder (for seed agents' `tokenizer_path`); a given `tokenizer` replaces the built one."""
     tokenizer_dir = path.with_name(f"{path.name}.tokenizer")
-    model = None
+    model, stale = None, path.exists()  # stale: a folder there that does not load (an entry written later is kept)
     if (path / "config.json").is_file():
         try:
             model, loaded = load_pretrained(path, dtype)
@@ -87,7 +89,7 @@ def load_embedded(path: Path, dtype: str, build: Callable[[Path], tuple[Any, Tok
     if model is None:
         log(f"building the embedded tiny model (cached at {path})")
         model, built = build(tokenizer_dir)
-        save_pretrained(model, built, path)
+        publish(save_pretrained(model, built, unique_sibling(path, "new")), path, replace=stale)
         model, loaded = load_pretrained(path, dtype)
     if tokenizer is None:  # the model folder's config.json could make AutoTokenizer pick another class
         return model, tokenizer_folder(loaded, tokenizer_dir, keep_own=False)
@@ -103,8 +105,7 @@ def tokenizer_folder(tokenizer: Tokenizer, folder: Path, keep_own: bool = True) 
     if keep_own and name and Path(name).is_dir():
         return tokenizer
     if not (folder / "tokenizer_config.json").is_file():
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = unique_sibling(folder, "tmp")  # this process's own: another may be writing the same folder
         tokenizer.save_pretrained(tmp)
         try:
             tmp.rename(folder)
@@ -112,6 +113,28 @@ def tokenizer_folder(tokenizer: Tokenizer, folder: Path, keep_own: bool = True) 
             shutil.rmtree(tmp, ignore_errors=True)
     tokenizer.name_or_path = str(folder)
     return tokenizer
+
+
+def unique_sibling(path: Path, what: str) -> Path:
+    """A new name beside `path` that no other process or call uses (for staging a folder)."""
+    return path.with_name(f"{path.name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def publish(staged: Path, path: Path, replace: bool) -> None:
+    """Move the model folder `staged` to the cache entry `path` in one rename. Several processes
+    may build one entry at once (the test suite's workers share a cache): the first to arrive is
+    kept, as the key names all the model depends on; a damaged entry (`replace`) is swapped out."""
+    if replace:
+        old = unique_sibling(path, "old")
+        try:
+            path.rename(old)
+        except FileNotFoundError:  # another process is replacing it too
+            pass
+        shutil.rmtree(old, ignore_errors=True)
+    try:
+        staged.rename(path)
+    except OSError:  # an entry is there already (rename does not replace a folder that holds files)
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def fingerprint(tokenizer: Tokenizer) -> str:

@@ -25,8 +25,8 @@ def _step_rows(run: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("model_cache")
+def cache(run_model_cache):
+    return run_model_cache  # the test run's: a warm start other modules share
 
 
 @pytest.mark.parametrize("k", [1, 2])

@@ -25,8 +25,8 @@ def _args(run, cache) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("model_cache")
+def straight(tmp_path_factory, run_model_cache):
+    cache = run_model_cache  # the test run's: its warm start is shared with other modules
     run = tmp_path_factory.mktemp("straight")
     res = _run("-m", "agentrl.cli", "train", *_args(run, cache))
     assert res.returncode == 0, res.stderr[-2000:]

@@ -61,11 +61,10 @@ register_env("flaky_lake", FlakyLake, overwrite=True)
 
 
 @pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
+def tiny_path(run_model_cache):
     """A warm-started tiny model for FrozenLake, loaded by the flaky runs through model.path."""
-    cache = tmp_path_factory.mktemp("model_cache")
-    cfg = load_config("configs/frozen_lake.yaml", [*TINY, f"model.cache_dir={cache}"])
-    load_policy(plan(cfg), log=lambda m: None)
+    cfg = load_config("configs/frozen_lake.yaml", [*TINY, f"model.cache_dir={run_model_cache}"])
+    load_policy(plan(cfg), log=lambda m: None)  # the test run's cache: other modules share it
     return cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
 
 

@@ -28,11 +28,10 @@ ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
+def tiny_path(run_model_cache):
     """A warm-started tiny model for FrozenLake, loaded by the runs below through model.path."""
-    cache = tmp_path_factory.mktemp("model_cache")
-    cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", [*TINY, f"model.cache_dir={cache}"])
-    load_policy(plan(cfg), log=lambda m: None)
+    cfg = load_config(ROOT / "configs" / "frozen_lake.yaml", [*TINY, f"model.cache_dir={run_model_cache}"])
+    load_policy(plan(cfg), log=lambda m: None)  # the test run's cache: other modules share it
     return cache_root(cfg) / f"tiny-{tiny_cache_key(cfg)}"
 
 

@@ -16,8 +16,8 @@ ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("model_cache")
+def cache_dir(run_model_cache):
+    return run_model_cache  # the test run's: a warm start other modules share
 
 
 @pytest.mark.parametrize("loss_mode, estimator, agg", [

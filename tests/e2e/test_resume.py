@@ -64,9 +64,9 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory):
+def straight(tmp_path_factory, run_model_cache):
     """A run never stopped, and the model cache every run here shares."""
-    cache = tmp_path_factory.mktemp("model_cache")
+    cache = run_model_cache  # the test run's: its warm start is shared with other modules
     run = tmp_path_factory.mktemp("straight")
     res = _run("-m", "agentrl.cli", "train", *_args(run, cache))
     assert res.returncode == 0, res.stderr[-2000:]

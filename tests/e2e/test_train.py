@@ -33,8 +33,8 @@ def _agentrl(*args, cwd=None, env=None):
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("model_cache")
+def cache_dir(run_model_cache):
+    return run_model_cache  # the test run's: a warm start other modules share
 
 
 def test_smoke_run_of_the_cli_writes_the_run_folder(tmp_path, cache_dir):

@@ -66,8 +66,9 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("model_cache")
+def cache(run_model_cache):
+    """The test run's model cache: the Ray modules (and both workers) warm-start each config once."""
+    return run_model_cache
 
 
 def _model(cache, overrides):
