@@ -27,8 +27,15 @@ generators' states and swaps them in around each GEM call, so episodes of concur
 share random numbers and the same seed replays the same episode, whatever runs beside it.
 
 ## Rewards
-GEM's (`gem.utils.constants.LanguageGameReward`: 1 for a win, -0.1 for a format error, partial
-rewards as each game defines them).
+`reward="gem"` (the default): GEM's (`gem.utils.constants.LanguageGameReward`: 1 for a win, -0.1
+for a format error, partial rewards as each game defines them). `reward="success"`: 1 on the step
+that ends a successful episode, GEM's penalties (its negative rewards: a format error's -0.1) as
+GEM gives them, 0 on every other step. Why offer it: some of GEM's partial rewards
+pay for something other than winning. Guess the Number pays a game lost at its turn limit
+1 - |last guess - secret| / (max - min) and a repeated guess nothing less than a new one, so on
+1..10 "always guess 5" earns 0.72 a game (it wins 0.10) against uniform random play's 0.73 (it
+wins 0.34): collapsing onto one guess costs almost no reward. (Measured there: `success` alone did
+not make the tiny model learn; docs/envs-and-agents.md, "Guess the Number: what was tried".)
 
 ## Episode end
 GEM ends every episode with `terminated=True`, and also sets `truncated=True` when its turn limit
@@ -47,7 +54,7 @@ plays per seed (cached: evaluation plays the same seeds every time).
 
 ## Arguments
 `env_id` (a GEM registry id), `kwargs` (keyword arguments for `gem.make`, e.g. `{max_turns: 6}`),
-`baseline_plays`.
+`baseline_plays`, `reward` (`gem` or `success`).
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ from agentrl.envs.args import check_arg, import_extra, is_count
 from agentrl.errors import ConfigError, EnvError, did_you_mean, shown
 from agentrl.registry import register_env
 
+REWARDS = ("gem", "success")  # see Rewards above
 TERMINAL_STATE = "<｜TERMINAL_STATE｜>"  # gem.utils.constants: the observation after a graded answer
 WIN_PREFIX = "Congratulations"  # every GEM game's win message starts so (checked in gem-llm 0.1.0)
 _SWAP = threading.Lock()  # one env at a time holds the global generators (the stream thread too)
@@ -159,12 +167,14 @@ class GemEnv:
     """A GEM env with async reset/step, its own random generators and a success flag."""
 
     def __init__(self, env_id: str = "game:GuessTheNumber-v0-easy", kwargs: dict[str, Any] | None = None,
-                 baseline_plays: int = 4) -> None:
+                 baseline_plays: int = 4, reward: str = "gem") -> None:
         check_arg("gem", isinstance(env_id, str) and bool(env_id), "env_id", env_id,
                   "a GEM registry id such as 'game:Sokoban-v0-easy'")
         check_arg("gem", kwargs is None or isinstance(kwargs, dict), "kwargs", kwargs, "a mapping of gem.make arguments")
         check_arg("gem", is_count(baseline_plays, 1, 1000), "baseline_plays", baseline_plays, "an int from 1 to 1000")
-        self.env_id, self.kwargs, self.baseline_plays = env_id, dict(kwargs or {}), baseline_plays
+        check_arg("gem", reward in REWARDS, "reward", reward,
+                  "'gem' (GEM's own rewards) or 'success' (1 for a successful episode, GEM's penalties, else 0)")
+        self.env_id, self.kwargs, self.baseline_plays, self.reward = env_id, dict(kwargs or {}), baseline_plays, reward
         self.instructions = f"GEM {env_id}."
         self._random = OwnRandom(0)
         with self._random.active():  # GEM's constructor resets, drawing from the globals
@@ -206,6 +216,8 @@ class GemEnv:
         if terminated or truncated:
             self._done = True
             out["success"] = self._success(obs, reward, terminated, info or {})
+        if self.reward == "success" and reward >= 0:  # GEM's penalties (a format error's -0.1) stay
+            reward = float(out.get("success", False))
         return join(obs, info or {}), reward, terminated, truncated, out
 
     def _success(self, obs: Any, reward: float, terminated: bool, info: dict[str, Any]) -> bool:

@@ -118,3 +118,19 @@ def test_bad_arguments_are_one_line():
         GemEnv("game:Sokobn-v0-easy")
     with pytest.raises(ConfigError, match="kwargs"):
         GemEnv(GUESS, kwargs=[1])
+
+
+async def test_reward_success_pays_only_a_win():
+    env = GemEnv(GUESS, reward="success")
+    await env.reset(seed=11)
+    wrong = [n for n in range(1, 11) if n != _secret(env)]
+    rewards = [(await env.step(f"\\boxed{{{n}}}"))[1] for n in wrong[:4]]
+    assert rewards == [0.0, 0.0, 0.0, 0.0]  # GEM pays the last of these its closeness reward (above)
+    await env.reset(seed=11)
+    assert (await env.step("seven"))[1] == -0.1  # GEM's format error: a penalty, kept
+    await env.reset(seed=11)
+    await env.step(f"\\boxed{{{wrong[0]}}}")
+    obs, reward, terminated, _, info = await env.step(f"\\boxed{{{_secret(env)}}}")
+    assert (reward, terminated, info["success"]) == (1.0, True, True)
+    with pytest.raises(ConfigError, match=r"reward='win' is invalid; reward must be 'gem' .* or 'success'"):
+        GemEnv(GUESS, reward="win")
