@@ -10,12 +10,13 @@ from agentrl.dumps import list_dumps, read_dump
 from agentrl.metrics import read_jsonl
 from helpers import bwrap_problem
 
+# (the warm start's lr as these shapes were tuned at; configs/tool_python.yaml's own is 1e-3)
 TINY = ["model.tiny.hidden_size=64", "model.tiny.num_hidden_layers=2", "model.tiny.intermediate_size=128",
         "model.tiny.vocab_size=400", "model.warm_start.max_steps=150", "model.warm_start.min_steps=150",
-        "model.warm_start.batch_size=8", "rollout.temperature=0.3", "rollout.batch_size=8", "rollout.group_size=4",
-        "actor.ppo_mini_batch_size=8", "actor.micro_batch_size=4", "trainer.total_steps=2", "trainer.test_freq=2",
-        "trainer.eval_episodes=4", "trainer.save_freq=0", "trainer.progress=false", "trainer.logger=[jsonl]",
-        "trainer.dump_trajectories_freq=1"]
+        "model.warm_start.batch_size=8", "model.warm_start.lr=3e-3", "rollout.temperature=0.3",
+        "rollout.batch_size=8", "rollout.group_size=4", "actor.ppo_mini_batch_size=8", "actor.micro_batch_size=4",
+        "trainer.total_steps=2", "trainer.test_freq=2", "trainer.eval_episodes=4", "trainer.save_freq=0",
+        "trainer.progress=false", "trainer.logger=[jsonl]", "trainer.dump_trajectories_freq=1"]
 
 
 def _train(tmp_path, config, extra=()):

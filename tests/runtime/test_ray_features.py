@@ -134,7 +134,8 @@ FEATURES = {
     "tool_agent": ("configs/tool_python.yaml", [
         "env.max_turns=1", "env.args.min_operand=2", "env.args.max_operand=9", "model.tiny.hidden_size=64",
         "model.tiny.num_hidden_layers=2", "model.tiny.intermediate_size=128", "model.tiny.vocab_size=400",
-        "model.warm_start.max_steps=100", "model.warm_start.batch_size=8", "rollout.temperature=0.3",
+        "model.warm_start.max_steps=100", "model.warm_start.batch_size=8", "model.warm_start.lr=3e-3",
+        "rollout.temperature=0.3",
         "agent.args.tool_args.python.timeout=20", "rollout.max_new_tokens=48"],
                    "env/products/tools/calls"),
 }
