@@ -13,7 +13,9 @@ import threading
 from typing import Any
 
 from agentrl.errors import ConfigError, ToolError, ToolTimeout
-from agentrl.tools.sandbox import SANDBOXES, Limits, Outcome, run_python
+from agentrl.tools.cgroup import home as cgroup_home
+from agentrl.tools.cgroup import memory_bound_mb
+from agentrl.tools.sandbox import SANDBOXES, Limits, Outcome, run_python, seccomp_filter
 from agentrl.tools.tool import tool
 
 _WORKS: set[str] = set()  # sandboxes seen to run code in this process
@@ -33,6 +35,9 @@ def check_python(settings: dict[str, Any]) -> None:
     if settings["memory_mb"] < 32:
         raise ConfigError(f"{where}.memory_mb={settings['memory_mb']}: the interpreter alone needs about 32 MB; "
                           "expected >= 32")
+    cgroup_home()  # where a bound is weaker here (no cgroup, no seccomp filter), one warning line says so
+    if sandbox == "bwrap":
+        seccomp_filter()
     with _WORKS_LOCK:
         if sandbox in _WORKS:
             return
@@ -81,8 +86,10 @@ async def python(code: str, *, sandbox: str = "bwrap", timeout: float = 10.0, cp
     said = outcome.output.rstrip()
     if outcome.status == "timeout":
         raise ToolTimeout(_joined(said, f"the program ran past the {timeout:g} s time limit and was stopped"))
+    bound = memory_bound_mb(max_processes, memory_mb, disk_mb)
     reason = {"cpu": f"the program used more than {cpu_seconds} s of CPU time and was stopped",
               "output": f"the program printed more than {max_output} bytes and was stopped",
+              "memory": f"the program held more than the sandbox's {bound} MB of memory and was killed",
               "signal": f"the program was killed by signal {-(outcome.exit_code or 0)}",
               "error": f"exit code {outcome.exit_code}"}[outcome.status]
     raise ToolError(_joined(said, reason))
