@@ -21,7 +21,10 @@ class Tokenizer(Protocol):
     chat_template: str | None  # Jinja template that renders a list of chat messages
     eos_token: str | None
     pad_token: str | None  # set to eos_token where a tokenizer ships without one
-    all_special_tokens: list[str]  # with the vocabulary, what the embedded model's cache key hashes
+    # With the vocabulary, what the embedded model's cache key hashes; and the texts spelled out as
+    # plain text inside messages (llm/encoding.py), or those of `added_tokens_decoder`'s special
+    # tokens where the tokenizer has one (a transformers tokenizer does).
+    all_special_tokens: list[str]
 
     @property
     def eos_token_id(self) -> int | None:

@@ -8,7 +8,10 @@ data: decoding happens only to hand the env its action text and to render later 
 
 Each new piece is the *difference* between the template's rendering of the conversation with
 and without it, so templates that add a default system prompt (Qwen2.5) or close assistant
-turns with extra text work unchanged. That needs a prefix-preserving template:
+turns with extra text work unchanged. Message content is never the template's: the special tokens'
+text in it is marked before rendering and spelled out as plain text (`llm/encoding.py`), so a tool
+answer or an observation that prints `<|im_start|>system` cannot forge a turn; the tools' schemas
+too. That needs a prefix-preserving template:
 `check_chat_template` plays the agent's conversation shape at start-up and fails with one line
 if the template is not (a conversation also re-checks every turn).
 
@@ -21,9 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import tokenizers
-
 from agentrl.errors import ConfigError
+from agentrl.llm.encoding import encode_chat, encode_text, mark  # noqa: F401 (encode_text: re-exported)
 from agentrl.llm.engine import Completion
 from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import TokenRecord
@@ -43,7 +45,11 @@ class Conversation:
     messages: list[dict] = field(default_factory=list)
     tools: list[dict] | None = None  # function schemas the template renders (`apply_chat_template(tools=)`)
     record: TokenRecord = field(default_factory=TokenRecord)  # the ids, mask, logprobs, rewards so far
-    _rendered: str = ""
+    # What the template renders: `messages` and `tools` with the special tokens' text in the
+    # content marked (the same objects where there is none; replies are the model's, unmarked).
+    _marked: list[dict] = field(default_factory=list)
+    _marked_tools: list[dict] | None = None
+    _rendered: str = ""  # the rendering so far, of the marked messages
     # The rendering with the generation prompt and the header's ids, for a message count: the
     # prompt and the completion of one turn both need them, and rendering grows with the history.
     _with_header: tuple[int, str, list[int]] | None = None
@@ -56,6 +62,12 @@ class Conversation:
     rewards = property(lambda self: self.record.rewards)
     reward_positions = property(lambda self: self.record.reward_positions)
 
+    def __post_init__(self) -> None:
+        if len(self._marked) != len(self.messages):
+            self._marked = [mark(self.tokenizer, m) if m.get("role") != "assistant" else m for m in self.messages]
+        if self._marked_tools is None and self.tools:
+            self._marked_tools = mark(self.tokenizer, self.tools)
+
     # ------------------------------------------------------------------ messages we write
     def add_message(self, role: str, content: str) -> None:
         """Append a user/system/tool message as template-formatted ids (mask 0)."""
@@ -65,6 +77,7 @@ class Conversation:
         """Append several messages at once as template-formatted ids (mask 0): the tool answers of
         one reply (Qwen's template closes a run of tool messages only after its last one)."""
         self.messages.extend(messages)
+        self._marked.extend(mark(self.tokenizer, m) for m in messages)
         text = self._render(add_generation_prompt=False)
         self._append_text(self._delta(text))
         self._rendered = text
@@ -89,6 +102,7 @@ class Conversation:
         encoding this rendering, so the ids always match the text.
         """
         self.messages.append({"role": role, "content": content})
+        self._marked.append(mark(self.tokenizer, self.messages[-1]))
         text = self._render(add_generation_prompt=False)
         delta = self._delta(text)
         self.record.append_prompt(list(prepared[1]) if delta == prepared[0] else self._encode(delta))
@@ -96,7 +110,8 @@ class Conversation:
 
     def prepare(self, role: str, content: str) -> tuple[str, list[int]]:
         """(text, ids) that `role`'s `content` adds after this conversation, for `add_prepared`."""
-        probe = Conversation(self.tokenizer, messages=list(self.messages), tools=self.tools, _rendered=self._rendered)
+        probe = Conversation(self.tokenizer, messages=list(self.messages), tools=self.tools, _marked=list(self._marked),
+                             _marked_tools=self._marked_tools, _rendered=self._rendered)
         probe.add_message(role, content)
         return probe._rendered[len(self._rendered):], probe.token_ids
 
@@ -115,6 +130,7 @@ class Conversation:
         assert sum(self.loss_mask[n_ids:]) == 0 and len(self.rewards) == sum(
             1 for m in self.messages[:n_messages] if m["role"] == "assistant"), "rollback past a reply"
         del self.messages[n_messages:]
+        del self._marked[n_messages:]
         self.record.truncate(n_ids)
         self._rendered = rendered
 
@@ -139,6 +155,7 @@ class Conversation:
         content_ids = ids[:-1] if ended else ids
         content = self.tokenizer.decode(content_ids, skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": content})
+        self._marked.append(self.messages[-1])
         full = self._render(add_generation_prompt=False)
         if not full.startswith(prefix + content):
             raise ConfigError(NOT_PREFIX_PRESERVING.format(where="an assistant reply does not extend its prompt"))
@@ -156,7 +173,7 @@ class Conversation:
 
     # ------------------------------------------------------------------ internals
     def _render(self, add_generation_prompt: bool) -> str:
-        return render_chat(self.tokenizer, self.messages, self.tools, add_generation_prompt)
+        return render_chat(self.tokenizer, self._marked, self._marked_tools, add_generation_prompt)
 
     def _delta(self, text: str) -> str:
         if not text.startswith(self._rendered):
@@ -172,7 +189,7 @@ class Conversation:
         return self._with_header[1], list(self._with_header[2])
 
     def _encode(self, text: str) -> list[int]:
-        return encode_text(self.tokenizer, text) if text else []
+        return encode_chat(self.tokenizer, text) if text else []
 
     def _append_text(self, text: str) -> None:
         self.record.append_prompt(self._encode(text))
@@ -189,20 +206,6 @@ def render_chat(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | 
 def completion_versions(completion: Completion) -> list[int]:
     """The policy version of each generated id (engines that report one version: that one)."""
     return list(completion.versions) or [completion.policy_version] * len(completion.token_ids)
-
-
-def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
-    """`tokenizer.encode(text, add_special_tokens=False)`, through the Rust tokenizer directly
-    when that call would reach it in its plain state (no padding, truncation or split specials).
-
-    transformers' wrapper costs twice the Rust encode on short texts, and a conversation encodes
-    two or three short pieces per turn.
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (isinstance(backend, tokenizers.Tokenizer) and not getattr(tokenizer, "split_special_tokens", False)
-            and not backend.encode_special_tokens and backend.padding is None and backend.truncation is None):
-        return backend.encode(text, add_special_tokens=False).ids
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,6 @@ def check_chat_template(tokenizer: Tokenizer, system_prompt: str | None = None, 
             conv.add_messages([{"role": "tool", "content": "Answer 1."}, {"role": "tool", "content": "Answer 2."}])
         else:
             conv.add_message("user", feedback[k % len(feedback)] if feedback else f"Observation {k + 1}.")
-    full = render_chat(tokenizer, conv.messages, conv.tools, add_generation_prompt=True)
+    full = conv._render(add_generation_prompt=True)
     if not full.startswith(conv._rendered):
         raise ConfigError(NOT_PREFIX_PRESERVING.format(where="the generation prompt"))

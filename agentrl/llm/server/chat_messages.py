@@ -1,6 +1,10 @@
 """OpenAI chat messages as the server reads and writes them: checked and normalised, rendered
 with the tokenizer's chat template, and tool calls parsed from a reply.
 
+Every string a client sends is its own text, never the template's: `render` marks the special
+tokens' text in the messages and tools, and `encode_chat` (`llm/encoding.py`) spells it out, so a
+message holding `<|im_start|>system` cannot forge a turn.
+
 Tool calls follow Qwen's / Hermes' format, which the model writes as text:
 
     <tool_call>
@@ -19,7 +23,9 @@ import json
 import uuid
 from typing import Any
 
+from agentrl.bounded_json import load_json
 from agentrl.llm.conversation import render_chat
+from agentrl.llm.encoding import mark, unmark
 from agentrl.llm.tool_calls import OPEN, parse_tool_calls
 from agentrl.tokenizer import Tokenizer
 
@@ -85,9 +91,10 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     args = fn.get("arguments", "{}")
     if isinstance(args, str):  # OpenAI sends a JSON string; chat templates expect a mapping
         try:
-            args = json.loads(args) if args.strip() else {}
-        except ValueError:
-            raise MessageError(f"{where}.function.arguments is not valid JSON", f"{where}.function.arguments") from None
+            args = load_json(args) if args.strip() else {}
+        except ValueError as e:
+            raise MessageError(f"{where}.function.arguments is not valid JSON ({e})",
+                               f"{where}.function.arguments") from None
     return {"id": str(call.get("id") or ""), "type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
@@ -102,11 +109,12 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | None:
 
 
 def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> str:
-    """The chat template's text for `messages` (a template error is a MessageError)."""
+    """The chat template's text for `messages`, the special tokens' text in their strings and in
+    `tools` marked for `encode_chat` (a template error is a MessageError)."""
     try:
-        return render_chat(tokenizer, messages, tools, generation_prompt)
+        return render_chat(tokenizer, mark(tokenizer, messages), mark(tokenizer, tools), generation_prompt)
     except Exception as e:  # noqa: BLE001 (jinja raises anything; the client must hear why)
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = (unmark(str(e)).strip().splitlines() or [type(e).__name__])[0]
         raise MessageError(f"the chat template cannot render these messages: {type(e).__name__}: {first}",
                            "messages") from None
 
@@ -142,7 +150,7 @@ def same_reply(sent: dict[str, Any], content: str | None, raw: str, calls: list[
 def _args(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
-            return json.loads(arguments) if arguments.strip() else {}
+            return load_json(arguments) if arguments.strip() else {}
         except ValueError:
             return arguments
     return arguments

@@ -7,6 +7,8 @@ previous call's, then that reply (as the client was given it), then new messages
 takes the previous prompt ids and the reply's sampled ids verbatim and appends the token ids
 of what the template adds after the reply (its closing, the new messages, the next generation
 prompt), exactly as `Conversation` does. A reply is never decoded and re-encoded into a prompt.
+Whatever the client sends is its text, not the template's: the special tokens' text in it is
+spelled out as plain text (`render` marks it, `encode_chat` spells it), so it cannot forge a turn.
 
 When that does not hold (the agent rewrote or dropped history, changed its tools, or the
 template renders the history differently) the session starts a new *segment*: the prompt is
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentrl.errors import EngineError
-from agentrl.llm.conversation import completion_versions, encode_text
+from agentrl.llm.conversation import completion_versions
+from agentrl.llm.encoding import encode_chat, mark
 from agentrl.llm.engine import EPISODE, Completion, LLMClient, SamplingParams
 from agentrl.llm.server.chat_messages import normalize_messages, parse_reply, render, same_reply
 from agentrl.llm.server.openai_schema import RequestError, RequestSampling, sampling_params
@@ -147,7 +150,7 @@ class Session:
         prev = self.turns[-1] if self.turns else None
         bridged = self._bridge(prev, messages, tools, rendered) if prev is not None else None
         if bridged is None:
-            prompt = encode_text(self.tokenizer, rendered)
+            prompt = encode_chat(self.tokenizer, rendered)
             new_ids, segment = prompt, (prev.segment + 1 if prev is not None else 0)
         else:
             prev.chosen, prompt, new_ids = bridged
@@ -201,13 +204,13 @@ class Session:
             eos_text = self.tokenizer.decode(ids[-1:], skip_special_tokens=False)
             if closing.startswith(eos_text):
                 closing = closing[len(eos_text):]  # the sampled EOS already closed the turn
-        new_ids = encode_text(self.tokenizer, closing + rendered[len(with_reply):])
+        new_ids = encode_chat(self.tokenizer, closing + rendered[len(with_reply):])
         return k, prev.prompt_ids + list(ids) + new_ids, new_ids
 
     def _closing(self, prev: Turn, body: str, choice: Choice) -> str | None:
-        """The template text after the reply in `body` (the reply as rendered plus its closing)."""
+        """The template text after the reply in `body` (the reply as rendered, marked, plus its closing)."""
         for text in (choice.raw, choice.content if choice.content and not choice.tool_calls else None):
-            if text is not None and body.startswith(text):
+            if text is not None and body.startswith(text := mark(self.tokenizer, text)):
                 return body[len(text):]
         # The template re-formats the reply (tool calls rendered as JSON of its own): find the
         # closing it puts after any assistant message, and the reply is the client's own.
@@ -236,7 +239,7 @@ class Session:
         if closing and ids and ids[-1] in self.eos_ids:
             eos_text = self.tokenizer.decode(ids[-1:], skip_special_tokens=False)
             closing = closing[len(eos_text):] if closing.startswith(eos_text) else closing
-        return encode_text(self.tokenizer, closing) if closing else []
+        return encode_chat(self.tokenizer, closing) if closing else []
 
     # ------------------------------------------------------------------ rewards and the record
     def add_env_reward(self, reward: float) -> None:
