@@ -31,6 +31,9 @@ FORBIDDEN = {
                   "registry", "metrics", "errors", "api", "trajectory", "torch", "transformers"},
     "atomic": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config",
                "registry", "metrics", "errors", "api", "trajectory", "torch"},
+    # bounded JSON parsing, for the tools (which may not import llm) as for the parser of tool calls
+    "bounded_json": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config",
+                     "registry", "metrics", "errors", "api", "trajectory", "tools", "torch"},
     # what a run leaves for people to read: no torch, so `agentrl view` and the alarms' maths stay light
     "dumps": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "torch"},
     "health": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config", "torch"},

@@ -6,7 +6,9 @@ action: its calls run (at once, each under `tool_timeout` seconds) and their ans
 the template's tool messages, all of one reply's at once; the model replies again. A reply
 without a call is the action the env steps on. So an episode of `max_turns` env steps may hold
 up to `max_tool_calls` more replies; once the calls are spent, a reply that calls anyway goes to
-the env as its action (which cannot parse it).
+the env as its action (which cannot parse it). The calls of one reply past the episode's
+`max_tool_calls` are not run: one answer says so, for all of them (a reply of a thousand calls
+adds the answers of `max_tool_calls` + 1).
 
 Token-exact as every agent: replies are the engine's ids verbatim (mask 1); tool answers are
 observations we write (mask 0). A malformed call (not JSON, no name, an unknown tool, wrong
@@ -27,8 +29,9 @@ attribute, or the config with `agent.args.needs_tools=true` (which overrides the
 agent then marks its episodes `info["needs_tools"] = True`, when it offers tools (the no-tool
 baseline is never marked), and the `reward_without_tools` alarm (agentrl/health.py) watches them.
 For the viewer, `info["tool_spans"]` lists `[start, end, kind, name]` per call and per answer:
-the ids of each `<tool_call>` block of a reply (kind `call`, the name it called or `malformed`)
-and of the tool messages answering them (kind `answer`, the names answered, comma-separated).
+the ids of each `<tool_call>` block of a reply (kind `call`, the name it called or `malformed`;
+those past `max_tool_calls` together, `not run`) and of the tool messages answering them (kind
+`answer`, the names answered, comma-separated).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from agentrl.tools.tool import ToolUsage, answer_call
 from agentrl.trajectory import Task, Trajectory
 
 TRUNCATE_SIDES = ("left", "right", "middle")
+NOT_RUN = "not run"  # the span name of the calls past max_tool_calls (answered together, not run)
 
 
 class ToolAgent:
@@ -118,9 +122,14 @@ class ToolAgent:
             states.append(state)
             if reply is not None and self.tools and OPEN in reply and usage.calls < self.max_tool_calls:
                 calls = parse_tool_calls(reply)
-                names = [call.name if call.ok else "malformed" for call in calls]
-                spans += [[a, b, "call", name] for (a, b), name in zip(self._call_ids(conv, before, calls), names)]
-                answers = await self._answer(calls, usage)
+                left = self.max_tool_calls - usage.calls
+                run, rest = calls[:left], calls[left:]
+                # The calls past the limit are one block, one name and one answer: a reply of a thousand
+                # calls costs what a reply of `max_tool_calls` + 1 does.
+                blocks = [(c.start, c.end) for c in run] + ([(rest[0].start, rest[-1].end)] if rest else [])
+                names = [c.name if c.ok else "malformed" for c in run] + ([NOT_RUN] if rest else [])
+                spans += [[a, b, "call", name] for (a, b), name in zip(self._call_ids(conv, before, blocks), names)]
+                answers = await self._answer(run, len(rest), usage)
                 observed = conv.mark()
                 conv.add_messages([{"role": "tool", "content": a} for a in answers])
                 spans.append([observed[1], len(conv.token_ids), "answer", ", ".join(names)])
@@ -156,9 +165,10 @@ class ToolAgent:
                                       truncation_reason=reason, info=info, invalid_actions=invalid,
                                       truncated_replies=cut_off)
 
-    def _call_ids(self, conv: Conversation, before: int, calls: list[ToolCall]) -> list[tuple[int, int]]:
-        """[start, end) of each call's block among the ids of the reply generated after position
-        `before`, from the lengths of the reply's decoded prefixes (the parse saw that text)."""
+    def _call_ids(self, conv: Conversation, before: int, blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """[start, end) among the ids of the reply generated after position `before` of each block
+        (its [start, end) in the reply's text), from the lengths of the reply's decoded prefixes
+        (the parse saw that text)."""
         first = next(i for i in range(before, len(conv.token_ids)) if conv.loss_mask[i])
         ids = [conv.token_ids[i] for i in range(first, len(conv.token_ids)) if conv.loss_mask[i]]
 
@@ -166,15 +176,20 @@ class ToolAgent:
             return len(self.tokenizer.decode(ids[:k + 1], skip_special_tokens=True))
 
         at = range(len(ids))  # the id holding character c: the first whose prefix is longer than c
-        return [(first + bisect.bisect_right(at, call.start, key=length),
-                 first + min(len(ids), bisect.bisect_right(at, call.end - 1, key=length) + 1)) for call in calls]
+        return [(first + bisect.bisect_right(at, start, key=length),
+                 first + min(len(ids), bisect.bisect_right(at, end - 1, key=length) + 1)) for start, end in blocks]
 
-    async def _answer(self, calls: list[ToolCall], usage: ToolUsage) -> list[str]:
-        """Each call's answer (run at once; calls past the episode's `max_tool_calls` are refused)."""
-        left = self.max_tool_calls - usage.calls
-        usage.calls += len(calls)
-        answers = await asyncio.gather(*(self._run(call, usage) if k < left else self._refused(usage)
-                                         for k, call in enumerate(calls)))
+    async def _answer(self, calls: list[ToolCall], refused: int, usage: ToolUsage) -> list[str]:
+        """Each call's answer (run at once), then one answer for the `refused` calls past the
+        episode's `max_tool_calls`, which are not run."""
+        usage.calls += len(calls) + refused
+        answers = list(await asyncio.gather(*(self._run(call, usage) for call in calls)))
+        if refused:
+            # One answer for them all: a reply of a thousand calls must not grow the sequence by a thousand answers.
+            usage.errors += refused
+            said = "this call was" if refused == 1 else f"these {refused} calls were"
+            answers.append(f"Error: no tool calls left in this episode (at most {self.max_tool_calls}): {said} "
+                           "not run; answer without tools")
         return [self._truncate(a) for a in answers]
 
     async def _run(self, call: ToolCall, usage: ToolUsage) -> str:
@@ -182,10 +197,6 @@ class ToolAgent:
             usage.malformed += 1
             return f"Error: {call.error}"
         return await answer_call(self.tools, call.name, call.arguments, self.tool_timeout, usage)
-
-    async def _refused(self, usage: ToolUsage) -> str:
-        usage.errors += 1
-        return f"Error: no tool calls left in this episode (at most {self.max_tool_calls}); answer without tools"
 
     def _truncate(self, text: str) -> str:
         n = self.max_tool_response_length

@@ -16,12 +16,12 @@ it uses the ids the engine sampled.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.bounded_json import load_json
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -43,20 +43,24 @@ class ToolCall:
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """Every `<tool_call>` block of `text`, in order; a block whose JSON does not parse, that is
     not an object with a string "name", or that is never closed is returned with its `error`."""
+    # One left-to-right scan: each search starts where the last one ended, so the work is linear
+    # in the text however many openings it holds (a regex retried at every opening is quadratic).
     calls = []
-    end = 0
-    for match in _BLOCK.finditer(text):
-        end = match.end()
-        calls.append(_call(match.group(1), match.start(), end))
-    rest = text.find(OPEN, end)
-    if rest >= 0:  # an opening without its closing (a reply cut short, or a typo)
-        calls.append(ToolCall(None, None, f"{OPEN} is not closed with {CLOSE}", rest, len(text)))
+    at = 0
+    while (start := text.find(OPEN, at)) >= 0:
+        body = start + len(OPEN)
+        close = text.find(CLOSE, body)
+        if close < 0:  # an opening without its closing (a reply cut short, or a typo): the rest is one block
+            calls.append(ToolCall(None, None, f"{OPEN} is not closed with {CLOSE}", start, len(text)))
+            break
+        at = close + len(CLOSE)
+        calls.append(_call(text[body:close].strip(), start, at))
     return calls
 
 
 def _call(body: str, start: int, end: int) -> ToolCall:
     try:
-        data = json.loads(body)
+        data = load_json(body)
     except ValueError as e:
         return ToolCall(None, None, f"the tool call is not valid JSON ({e})", start, end)
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):

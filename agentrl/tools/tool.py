@@ -32,11 +32,13 @@ import asyncio
 import inspect
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agentrl.bounded_json import load_json
 from agentrl.errors import AgentRLError, ConfigError, ToolError, ToolTimeout, as_failure, did_you_mean, shown
 from agentrl.registry import TOOLS
 
@@ -71,7 +73,8 @@ class Tool:
         return replace(self, settings={**self.settings, **settings})
 
     def start(self) -> None:
-        """Check that the tool can run here with its settings (a ConfigError says why not)."""
+        """Check that the tool can run here with its settings (a ConfigError says why not); its check
+        may also prepare what the calls need (an index), except within `check_only()`."""
         if self.check is not None:
             self.check(dict(self.settings))
 
@@ -119,6 +122,27 @@ class Tool:
         return result if isinstance(result, str) else json.dumps(result, default=str)
 
 
+# Set while the preflight (`agentrl plan`, and the start of every run) builds agents only to check
+# their arguments: a tool's check then checks, and builds nothing (the plan builds nothing; the run
+# builds what it needs when it builds its agents).
+_CHECK_ONLY: ContextVar[bool] = ContextVar("agentrl_tools_check_only", default=False)
+
+
+@contextmanager
+def check_only() -> Iterator[None]:
+    """Within it, tools' checks only check: they build nothing that a run would build (an index)."""
+    token = _CHECK_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _CHECK_ONLY.reset(token)
+
+
+def checking_only() -> bool:
+    """True within `check_only()`: a tool's check reads and checks, and builds nothing."""
+    return _CHECK_ONLY.get()
+
+
 @dataclass
 class ToolUsage:
     """One episode's tool calls, counted."""
@@ -146,9 +170,9 @@ async def answer_call(tools: Mapping[str, Tool], name: str, arguments: Any, time
         problem = f"unknown tool {name!r}.{did_you_mean(name, tools)} The tools: {', '.join(tools)}"
     elif isinstance(arguments, str):  # arguments written as a JSON string
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            problem = f"the arguments of {name} are a string that is not JSON"
+            arguments = load_json(arguments) if arguments.strip() else {}
+        except ValueError as e:
+            problem = f"the arguments of {name} are a string that is not JSON ({e})"
     if problem is None:
         problem = tool.argument_error(arguments)
     if problem is not None:

@@ -3,13 +3,14 @@ content, rebuilt for a changed one or a damaged entry), and one-line refusals.""
 
 import asyncio
 import json
+import os
 import sys
 
 import pytest
 
 from agentrl.errors import ConfigError
 from agentrl.registry import TOOLS
-from agentrl.tools.search import load_index
+from agentrl.tools.search import FIELDS, load_index
 
 DOCS = [{"id": "q", "title": "Quillmor", "text": "Quillmor is a company founded by Brin Kasso."},
         {"id": "b", "title": "Brin Kasso", "text": "Brin Kasso reports to the manager Sela Drun."},
@@ -119,3 +120,93 @@ def test_agentrl_plan_names_the_bad_corpus_line_not_the_tool_list(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert f'{corpus} line 2 has no string "text"' in err[0] and "tools=" not in err[0]
+
+
+def _start(corpus, cache, preflight, **settings):
+    """Start the search tool as a run's agent does, or as the preflight (`agentrl plan`) does."""
+    import agentrl.tools.search  # noqa: F401 (registers the tool)
+
+    tool = TOOLS.get("search").configure({"corpus": str(corpus), "cache_dir": str(cache), **settings},
+                                         "tool_args.search")
+    if preflight:
+        from agentrl.tools.tool import check_only
+
+        with check_only():
+            tool.start()
+    else:
+        tool.start()
+
+
+@pytest.mark.parametrize("preflight", [False, True], ids=["tool", "preflight"])
+@pytest.mark.parametrize("kind", ["a character device", "a FIFO", "a folder"])
+def test_a_corpus_that_is_not_a_regular_file_is_refused_in_one_line_without_reading_it(tmp_path, kind, preflight):
+    # /dev/zero was read without end (1.3 GB before it was killed); a FIFO without a writer hung
+    if kind == "a FIFO":
+        corpus = tmp_path / "pipe.jsonl"
+        os.mkfifo(corpus)
+    else:
+        corpus = "/dev/zero" if kind == "a character device" else tmp_path
+    with pytest.raises(ConfigError) as e:
+        _start(corpus, tmp_path / "cache", preflight)
+    assert str(e.value) == (f"tool_args.search.corpus={str(corpus)!r} is {kind}; give a regular JSONL file of "
+                            f'documents, one object a line with {FIELDS}')
+
+
+@pytest.mark.parametrize("preflight", [False, True], ids=["tool", "preflight"])
+def test_a_corpus_over_max_corpus_mb_is_refused_in_one_line(tmp_path, preflight):
+    corpus = _corpus(tmp_path / "big.jsonl", [{"text": "word " * 300_000}])  # 1.4 MB
+    with pytest.raises(ConfigError) as e:
+        _start(corpus, tmp_path / "cache", preflight, max_corpus_mb=1)
+    assert str(e.value) == (f"tool_args.search.corpus={str(corpus)!r} is 1.4 MB, over tool_args.search.max_corpus_mb=1;"
+                            " raise max_corpus_mb (memory permitting) or give a smaller corpus")
+    _start(corpus, tmp_path / "cache", preflight, max_corpus_mb=2)
+    from agentrl.tools.search import MAX_CORPUS_MB
+
+    assert MAX_CORPUS_MB == TOOLS.get("search").settings["max_corpus_mb"] == 1024  # the default
+
+
+@pytest.mark.parametrize("preflight", [False, True], ids=["tool", "preflight"])
+@pytest.mark.parametrize("text, problem", [
+    ("", "holds no documents; each line is an object with " + FIELDS),
+    ("\n  \n", "holds no documents; each line is an object with " + FIELDS),
+    ('{"text": "the of and"}\n{"title": "a", "text": "..."}\n',
+     "holds no word to search by: each of its documents holds only stopwords (the, of, ...), punctuation or nothing"),
+])
+def test_an_empty_corpus_is_one_line_naming_the_file(tmp_path, capfd, text, problem, preflight):
+    # it ended in `max() arg is an empty sequence` from inside bm25s, after numpy's warnings
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        _start(corpus, tmp_path / "cache", preflight)
+    assert str(e.value) == f"search corpus {corpus} {problem}"
+    assert "Warning" not in capfd.readouterr().err
+
+
+def test_a_corpus_line_nesting_a_thousand_deep_is_one_line(tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps(DOCS[0]) + "\n" + '{"text": "x", "id": ' + "[" * 1000 + "]" * 1000 + "}\n")
+    with pytest.raises(ConfigError, match=r"docs.jsonl line 2 is not JSON \(arrays and objects nest deeper than 64"):
+        _start(corpus, tmp_path / "cache", preflight=False)
+
+
+def test_agentrl_plan_checks_the_corpus_and_builds_no_index(tmp_path, capsys):
+    from agentrl.agents.tool import offer_tools
+    from agentrl.cli import main
+
+    corpus, cache = tmp_path / "world.jsonl", tmp_path / "cache"
+    args = ["plan", "configs/tool_search.yaml", f"env.args.corpus_path={corpus}",
+            f"agent.args.tool_args.search.corpus={corpus}", f"agent.args.tool_args.search.cache_dir={cache}"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert corpus.is_file()  # the env wrote it, the plan read and checked it
+    assert not (cache / "search").exists()  # and indexed nothing (it built the index into the cache)
+    # the run builds it when it builds its agents (which start their tools so)
+    offer_tools(["search"], {"search": {"corpus": str(corpus), "cache_dir": str(cache)}}, 30.0, None)
+    assert len(list((cache / "search").iterdir())) == 1
+    # a corpus the index could not be built from fails the plan, in one line
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    capsys.readouterr()
+    assert main([*args[:3], f"agent.args.tool_args.search.corpus={empty}",
+                 f"agent.args.tool_args.search.cache_dir={cache}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"search corpus {empty} holds no documents" in err[0], err

@@ -25,6 +25,7 @@ from agentrl.registry import CURRICULUM_RULES, ESTIMATORS, load_builtins
 from agentrl.runtime.build.engines import check_serving
 from agentrl.runtime.build.envs import import_user_modules, make_agent, make_env_factories, tag_plans
 from agentrl.runtime.build.plan_types import TagPlan
+from agentrl.tools.tool import check_only
 
 
 def preflight(cfg: Config) -> tuple[dict[str, Callable[[], Any]], tuple[TagPlan, ...]]:
@@ -135,7 +136,9 @@ class StandInTokenizer:
 def check_agent_args(cfg: Config, tags: tuple[TagPlan, ...]) -> None:
     """Build each tag's agent with a stand-in tokenizer; a constructor that rejects its args
     (TypeError / ValueError) fails now, naming the argument (agent.args.<name>)."""
-    with tempfile.TemporaryDirectory(prefix="agentrl-stand-in-") as tmp:
+    # check_only: the tools check their settings and build nothing (`agentrl plan` builds nothing; a
+    # search index is built when the run builds its agents).
+    with tempfile.TemporaryDirectory(prefix="agentrl-stand-in-") as tmp, check_only():
         stand_in = StandInTokenizer(Path(tmp) / "tokenizer")
         for tag in tags:
             _check_tag_args(cfg, tag, stand_in)
