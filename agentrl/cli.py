@@ -214,7 +214,7 @@ def cmd_scale(ns: argparse.Namespace) -> int:
 
     run_dir = _run_folder_arg(ns.run_dir)
     n = engines_target(ns.targets)
-    check_ray_run(run_dir)
+    check_ray_run(run_dir, n)
     request_scale(run_dir, n)
     print(f"asked {run_dir} for {n} engine replica{'s' * (n != 1)} ({SCALE_NAME}): the run applies it at the start "
           "of its next step, or of its first once resumed; metrics.jsonl logs ray/engine_replicas")

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from agentrl.config.limits import check_limits
 from agentrl.config.paths import check_config_paths
 from agentrl.config.runtime import ADDRESS_FORM, RoleConfig, RuntimeConfig
-from agentrl.config.serve import is_loopback
+from agentrl.config.serve import check_allowed_hosts, is_loopback
 from agentrl.errors import ConfigError, did_you_mean, shown
 
 if TYPE_CHECKING:  # loading.py calls validate; the types only are needed here
@@ -185,6 +185,7 @@ def validate_serve(cfg: Config) -> None:
         check_vllm(cfg)
     if not s.host.strip():
         raise ConfigError("serve.host must name an interface, e.g. 127.0.0.1")
+    check_allowed_hosts(s.allowed_hosts)
     for name, key in (("engine.api_key", e.api_key), ("serve.api_key", s.api_key)):
         if key is not None:
             check_api_key(key, name)

@@ -5,8 +5,11 @@ its class; its checks are in checks.py (`validate_serve`)."""
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Optional
+
+from agentrl.errors import ConfigError, shown
 
 
 @dataclass
@@ -42,6 +45,13 @@ class ServeConfig:
     idle_timeout: float = 30.0
     """Seconds a connection may keep the server waiting (for a request's head, the rest of its body,
     or the next request) before the server closes it."""
+    allowed_hosts: list[str] = field(default_factory=list)
+    """Host names the server answers to besides the loopback names (localhost, 127.0.0.1, ::1)
+    and serve.host (the address it bound; any IP address when that is 0.0.0.0 or ::), with any
+    port, e.g. [gpu-node-3.internal]. A request whose `Host` header (or a web page's `Origin`)
+    names another host is refused (400, 403): a page whose name an attacker points at this
+    machine (DNS rebinding) cannot read the server's answers. "*": any host (a proxy in front
+    checks them)."""
 
 
 def host_address(host: str) -> str:
@@ -60,3 +70,25 @@ def is_loopback(host: str) -> bool:
         return False
     mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is loopback, though Python < 3.13 says not
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})")
+
+
+def check_allowed_hosts(hosts: object) -> None:
+    """serve.allowed_hosts: a list of host names or IP addresses without scheme or port, or "*";
+    one line naming the first that is not."""
+    if not isinstance(hosts, list):
+        raise ConfigError(f"serve.allowed_hosts={shown(hosts)} must be a list of host names, e.g. [gpu-node-3]")
+    for i, host in enumerate(hosts):
+        ok = isinstance(host, str) and (host == "*" or _HOST_NAME.fullmatch(host) is not None)
+        if isinstance(host, str) and not ok:
+            try:
+                ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+                ok = True
+            except ValueError:
+                pass
+        if not ok:
+            raise ConfigError(f"serve.allowed_hosts[{i}]={shown(host)} is not a host name: give a name or IP address "
+                              "without scheme or port (any port is accepted), e.g. gpu-node-3.internal, or \"*\" for "
+                              "any host")

@@ -1,8 +1,8 @@
 """`agentrl serve`: the config's policy, built exactly as training builds it, served over HTTP.
 
-Without serve.api_key it makes an admin key for the routes that change the server, prints it once
-and writes it (mode 0600) to the run folder, where a run on engine.kind=remote reads it
-(engine.api_key_file, runtime/build/engines.py).
+Without serve.api_key it makes an admin key for the routes that change the server and writes it
+(mode 0600) to the run folder, where a run on engine.kind=remote reads it (engine.api_key_file,
+runtime/build/engines.py); it prints where the file is, never the key (stdout ends up in logs).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def serve(cfg: Config, log: Callable[[str], None] = print) -> None:
     try:
         if run_dir is not None:
             key_file = write_secret(run_dir / f"serve-{handle.url.rsplit(':', 1)[1]}.key", str(handle.admin_key))
-            print(f"agentrl serve: admin key {handle.admin_key} (the routes that change the server: weights, state, "
-                  f"cache, metrics), also in {key_file} (mode 0600); a run on this server reads it with "
+            print(f"agentrl serve: admin key (the routes that change the server: weights, state, cache, metrics) "
+                  f"in {key_file} (mode 0600, removed at stop); a run on this server reads it with "
                   f"engine.api_key_file={key_file}", file=sys.stdout, flush=True)
         while handle.thread.is_alive():
             handle.thread.join(0.5)  # wakes up for signals (Ctrl-C, SIGTERM as KeyboardInterrupt)

@@ -1,6 +1,6 @@
 """End to end with a tiny budget: `agentrl train` generating on an `agentrl serve` subprocess
-(engine.kind=remote), with serve.api_key or with the admin key a server without one prints and
-writes to its run folder; what such a server does with a 1 GiB weights body (refuses it without
+(engine.kind=remote), with serve.api_key or with the admin key a server without one writes to
+its run folder (and prints where, never the key); what such a server does with a 1 GiB weights body (refuses it without
 holding it); and training the OpenAI-client FrozenLake example (agent.type=openai)."""
 
 import json
@@ -47,7 +47,8 @@ def served(cache_dir):
 
 @pytest.fixture(scope="module")
 def keyless(cache_dir, tmp_path_factory):
-    """`agentrl serve` without serve.api_key: (url, the admin key it printed, its key file, the process)."""
+    """`agentrl serve` without serve.api_key: (url, the admin key its key file holds, that file, the
+    process, what it printed on stdout before serving); at its stop, nothing it printed held the key."""
     run_dir = tmp_path_factory.mktemp("serve_run")
     proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve", "configs/frozen_lake.yaml", *TINY,
                              "serve.port=0", f"run_dir={run_dir}", f"model.cache_dir={cache_dir}"],
@@ -61,20 +62,24 @@ def keyless(cache_dir, tmp_path_factory):
     second_line.start()
     second_line.join(60)  # printed right after the first
     first, second = (lines + ["", ""])[:2]
-    found = re.match(r"agentrl serve: admin key (\S+) .* engine.api_key_file=(\S+)$", second.strip())
+    found = re.match(r"agentrl serve: admin key .* engine.api_key_file=(\S+)$", second.strip())
     if not first.startswith("agentrl serve: ") or found is None:
         proc.kill()
-        pytest.fail(f"agentrl serve did not print its URL and admin key: {first}{second}"
+        pytest.fail(f"agentrl serve did not print its URL and admin key file: {first}{second}"
                     f"{proc.stderr.read()[-2000:]}")
-    key_file = Path(found.group(2))
-    yield first.split()[2], found.group(1), key_file, proc
+    key_file = Path(found.group(1))
+    key = key_file.read_text().strip()
+    yield first.split()[2], key, key_file, proc, first + second
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
     assert not key_file.exists()  # the key dies with the server
+    assert key not in out + err  # nor was it printed later
 
 
-def test_a_server_without_a_key_prints_its_admin_key_and_keeps_it_to_this_user(keyless):
-    url, key, key_file, _ = keyless
+def test_a_server_without_a_key_prints_where_its_admin_key_is_never_the_key(keyless):
+    url, key, key_file, _, printed = keyless
+    assert len(key) >= 32 and key not in printed and str(key_file) in printed  # stdout ends up in logs
     assert key_file.parent.name.startswith("serve_run") and key_file.name == f"serve-{url.rsplit(':', 1)[1]}.key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and key_file.read_text().strip() == key
     assert httpx.get(url + "/v1/models").status_code == 200  # generation stays open to this machine
@@ -84,7 +89,7 @@ def test_a_server_without_a_key_prints_its_admin_key_and_keeps_it_to_this_user(k
 
 
 def test_training_on_a_server_without_a_key_pushes_with_its_admin_key_file(keyless, cache_dir, tmp_path):
-    url, _, key_file, _ = keyless
+    url, _, key_file, _, _ = keyless
     remote = [*TINY, f"model.cache_dir={cache_dir}", "engine.kind=remote", f"engine.urls=[{url}]"]
     with pytest.raises(ConfigError) as err:  # without the key: refused before any model is built
         train(load_config("configs/frozen_lake.yaml", [*remote, f"run_dir={tmp_path / 'no_key'}"]), log=lambda m: None)
@@ -120,7 +125,7 @@ def _push_stream(url, size, headers):
 
 
 def test_a_1gib_weights_body_is_refused_without_the_server_holding_it(keyless):
-    url, key, _, proc = keyless
+    url, key, _, proc, _ = keyless
     server = psutil.Process(proc.pid)
     version = httpx.get(url + "/health").json()["policy_version"]
     for headers, refusal in (({}, 401), ({"Authorization": f"Bearer {key}"}, 413)):

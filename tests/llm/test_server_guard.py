@@ -307,10 +307,10 @@ def test_silent_and_half_open_connections_are_closed(tiny_model, tiny_tokenizer)
     host, port = handle.url.removeprefix("http://").split(":")
     try:
         starts = [b"",  # connects and says nothing
-                  b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",  # half a head
-                  b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n",  # half a head
+                  b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 100\r\n\r\n{\"mess",  # a body that stops
-                  b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"]  # a request, then keep-alive silence
+                  b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"]  # a request, then keep-alive silence
         for start in starts:
             with socket.create_connection((host, int(port))) as sock:
                 sock.sendall(start)
@@ -346,3 +346,105 @@ def test_a_loopback_address_serves_without_a_key(tiny_model, tiny_tokenizer, hos
         assert httpx.get(handle.url + "/health").status_code == 200
     finally:
         handle.stop()
+
+
+# ---------------------------------------------------------------- names, origins and body types
+# Every route of a keyless server (the default), with a body it takes.
+ROUTES = [("GET", "/health", None), ("GET", "/v1/models", None), ("GET", "/agentrl/info", None),
+          ("POST", "/v1/chat/completions", {"model": "agentrl", "messages": MESSAGES, "max_tokens": 2}),
+          ("POST", "/v1/completions", {"model": "agentrl", "prompt": "FrozenLake", "max_tokens": 2}),
+          ("POST", "/inference/v1/generate", {"token_ids": [5, 6], "sampling_params": {"max_tokens": 2}}),
+          ("POST", "/agentrl/generate", {"prompt_ids": [5, 6], "sampling": {"max_new_tokens": 2}}),
+          ("POST", "/sessions", None)]
+
+
+def _request(c, method, path, body, headers):
+    content = None if body is None else json.dumps(body)
+    kind = {} if body is None else {"content-type": "application/json"}
+    return c.request(method, path, content=content, headers={**kind, **headers})
+
+
+def test_a_foreign_host_is_refused_on_every_route_and_the_server_keeps_serving(served):
+    """DNS rebinding: a page of evil.example re-pointed at 127.0.0.1 sends `Host: evil.example`
+    and could read the answers; every route refuses it, and answers its own names."""
+    _, handle = served
+    port = handle.url.rsplit(":", 1)[1]
+    foreign = ["evil.example", f"evil.example:{port}", "127.0.0.1.nip.io", f"localhost.evil.example:{port}",
+               "localhost@evil.example", "", "[::2]", "127.0.0.1:99999"]
+    with nodelay_client(base_url=handle.url, timeout=60) as c:
+        for method, path, body in ROUTES:
+            for host in foreign:
+                r = _request(c, method, path, body, {"host": host})
+                assert r.status_code == 400 and r.json()["error"]["code"] == "host_refused", (path, host, r.text)
+                assert "\n" not in r.json()["error"]["message"]
+            for host in ("localhost", f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LOCALHOST."):
+                r = _request(c, method, path, body, {"host": host})
+                assert r.status_code == 200, (path, host, r.text)
+    assert _reply(handle)  # the real openai client over loopback still works
+
+
+def test_a_cross_origin_or_non_json_request_is_refused_on_every_route(served):
+    """A page can POST `text/plain` across origins without a preflight: no route takes it; a page
+    of another host is refused whatever it sends; a page of this server's own names is not."""
+    _, handle = served
+    with nodelay_client(base_url=handle.url, timeout=60) as c:
+        for method, path, body in ROUTES:
+            for origin in ("http://evil.example", "https://evil.example:443", "null", "http://localhost.evil.example"):
+                r = _request(c, method, path, body, {"origin": origin})
+                assert r.status_code == 403 and r.json()["error"]["code"] == "origin_refused", (path, origin, r.text)
+            r = _request(c, method, path, body, {"origin": "http://localhost:3000"})
+            assert r.status_code == 200, (path, r.text)
+            if method != "POST":
+                continue
+            for kind in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                         "multipart/form-data; boundary=x") + (("",) if body is not None else ()):
+                r = c.post(path, content=json.dumps(body or {}), headers={"content-type": kind} if kind else {})
+                assert r.status_code == 415 and "application/json" in r.json()["error"]["message"], (path, kind, r.text)
+        assert c.post("/sessions").status_code == 200  # a route that reads no body needs no type
+    assert _reply(handle)
+
+
+def test_a_session_s_base_url_is_the_server_s_own_address_not_the_client_s_host(served):
+    _, handle = served
+    port = handle.url.rsplit(":", 1)[1]
+    with nodelay_client(base_url=handle.url, timeout=60) as c:
+        for host in ("localhost", f"localhost:{port}", f"[::1]:{port}", f"127.0.0.1:{port}"):
+            opened = c.post("/sessions", headers={"host": host}).json()
+            assert opened["base_url"] == f"{handle.url}/sessions/{opened['id']}/v1", (host, opened)
+    client = openai.OpenAI(base_url=opened["base_url"], api_key="unused", max_retries=0, http_client=nodelay_client())
+    r = client.chat.completions.create(model="agentrl", messages=MESSAGES, max_tokens=2, temperature=0)
+    assert r.choices[0].message.role == "assistant"
+
+
+def test_serve_allowed_hosts_adds_names_and_a_wildcard_bind_any_address(tiny_model, tiny_tokenizer):
+    from agentrl.llm.server.guard import AllowedHosts
+
+    _, handle = _serve(tiny_model, tiny_tokenizer, allowed_hosts=["gpu-3.internal", "10.0.0.7", "fd00::7"])
+    try:
+        with nodelay_client(base_url=handle.url, timeout=60) as c:
+            for host, status in (("gpu-3.internal:8000", 200), ("GPU-3.internal", 200), ("10.0.0.7:1", 200),
+                                 ("[fd00::7]:80", 200), ("gpu-4.internal", 400), ("10.0.0.8", 400)):
+                assert c.get("/v1/models", headers={"host": host}).status_code == status, host
+            r = c.post("/v1/chat/completions", headers={"origin": "http://gpu-3.internal:9000"},
+                       json={"model": "agentrl", "messages": MESSAGES, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+    finally:
+        handle.stop()
+    wildcard = AllowedHosts([])
+    wildcard.bound("0.0.0.0", "0.0.0.0")  # reached by any address of the machine: any IP literal
+    assert "10.1.2.3" in wildcard and "::1" in wildcard and "evil.example" not in wildcard
+    assert "evil.example" in AllowedHosts(["*"])
+
+
+@pytest.mark.parametrize("value, says", [
+    ("[http://gpu-3]", "serve.allowed_hosts[0]='http://gpu-3' is not a host name"),
+    ("[gpu-3:8000]", "serve.allowed_hosts[0]='gpu-3:8000' is not a host name"),
+    ("['a b']", "serve.allowed_hosts[0]='a b' is not a host name"),
+])
+def test_a_bad_allowed_host_is_one_line(value, says):
+    from agentrl.config import load_config
+    from agentrl.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"serve.allowed_hosts={value}"])
+    assert says in str(err.value) and "\n" not in str(err.value)

@@ -15,6 +15,7 @@ from agentrl.llm.server.app import start_server
 
 KEY = "k"
 H = {"Authorization": f"Bearer {KEY}"}
+JSON_BODY = {"content-type": "application/json"}  # the type every POST route takes (415 otherwise: guard.py)
 OK_MESSAGES = [{"role": "user", "content": "hi"}]
 
 
@@ -106,6 +107,11 @@ def _hostile() -> list[tuple[str, str, dict]]:
                ("/sessions/nope/v1/chat/completions", {"json": {"messages": OK_MESSAGES}})]
     for path, kw in weights:
         out.append(("POST", path, kw))
+    valid = json.dumps({"model": "agentrl", "messages": OK_MESSAGES, "max_tokens": 4})
+    for headers in ({"host": "evil.example"}, {"host": "evil.example:80"}, {"origin": "http://evil.example"},
+                    {"content-type": "text/plain"}, {"content-type": "application/x-www-form-urlencoded"}):
+        for path in ("/v1/chat/completions", "/sessions"):  # a page re-pointed at us, or another type
+            out.append(("POST", path, {"content": valid, "headers": headers}))
     for method, path in [("GET", "/v1/nothing"), ("GET", "/v1/chat/completions"), ("PUT", "/v1/models"),
                          ("DELETE", "/sessions/nope"), ("GET", "/sessions/nope"), ("GET", "/../../etc/passwd"),
                          ("POST", "/sessions/nope/v1/completions"), ("PATCH", "/health")]:
@@ -116,7 +122,7 @@ def _hostile() -> list[tuple[str, str, dict]]:
 def test_every_hostile_request_gets_a_4xx_and_the_server_keeps_serving(server):
     requests = _hostile()
     statuses = []
-    with nodelay_client(base_url=server.url, headers=H, timeout=60) as c:
+    with nodelay_client(base_url=server.url, headers={**H, **JSON_BODY}, timeout=60) as c:
         sid = c.post("/sessions").json()["id"]  # a session's chat route meets the same requests
         requests += [(m, f"/sessions/{sid}/v1/chat/completions", kw) for m, p, kw in requests
                      if p == "/v1/chat/completions" and "gpt-5" not in str(kw) and '"model": 1' not in str(kw)]

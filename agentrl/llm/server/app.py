@@ -17,7 +17,9 @@ and per-episode sessions for agents written against the `openai` client.
 api_key); `start_server(...)` runs one on a background thread (port 0: a free one) and returns a
 `ServerHandle` (`.url`, `.admin_key`, `.stop()`), for `agentrl serve`, tests and Ray actors;
 `session_server()` runs one in the current event loop for the sessions of a training run
-(loopback, a random key). Without a key a server binds only a loopback address. Handlers reach
+(loopback, a random key). Without a key a server binds only a loopback address; every server
+answers only requests naming its own host (guard.py's AllowedHosts: the loopback names, the
+address it bound, serve.allowed_hosts). Handlers reach
 the engine in the loop it lives in (`engine_loop`; None: the server's own), never through a
 second engine. Every malformed request gets a 4xx JSON error and the server keeps serving; the
 routes themselves are in openai_routes.py (OpenAI's, vLLM's, sessions) and agentrl_routes.py
@@ -44,7 +46,7 @@ from agentrl.config.serve import ServeConfig, host_address, is_loopback
 from agentrl.errors import EngineError
 from agentrl.llm.server.agentrl_routes import add_agentrl_routes, add_control_routes
 from agentrl.llm.server.chat_messages import MessageError
-from agentrl.llm.server.guard import Guard, TimedH11Protocol
+from agentrl.llm.server.guard import AllowedHosts, Guard, TimedH11Protocol
 from agentrl.llm.server.openai_format import error_body
 from agentrl.llm.server.openai_routes import add_openai_routes, add_session_routes, add_vllm_routes
 from agentrl.llm.server.openai_schema import RequestError
@@ -61,7 +63,9 @@ def build_app(engine: Any, tokenizer: Tokenizer, cfg: ServeConfig | None = None,
     state = ServerState(engine, tokenizer, cfg, model_name or cfg.served_model_name or "agentrl", engine_loop,
                         sessions or SessionStore(), admin_key=cfg.api_key or secrets.token_urlsafe(32))
     app.state.agentrl = state
-    app.add_middleware(Guard, key=cfg.api_key, admin_key=state.admin_key, idle_timeout=cfg.idle_timeout)
+    app.state.hosts = AllowedHosts(cfg.allowed_hosts)  # the bound address joins once bound (`_bound`)
+    app.add_middleware(Guard, key=cfg.api_key, admin_key=state.admin_key, idle_timeout=cfg.idle_timeout,
+                       hosts=app.state.hosts)
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, e: RequestError) -> JSONResponse:
@@ -145,6 +149,13 @@ def uvicorn_server(app: FastAPI, idle_timeout: float = 30.0) -> Any:
     return uvicorn.Server(config)
 
 
+def _bound(app: FastAPI, sock: socket.socket, host: str) -> None:
+    """Tell the app's Guard the address its socket bound (`host`: as written), a name it answers to."""
+    hosts = getattr(app.state, "hosts", None)
+    if hosts is not None:
+        hosts.bound(sock.getsockname()[0], host_address(host))
+
+
 def _idle_timeout(app: FastAPI) -> float:
     state = getattr(app.state, "agentrl", None)
     return state.cfg.idle_timeout if state is not None else ServeConfig.idle_timeout
@@ -170,6 +181,7 @@ def run_app(app: FastAPI, host: str = "127.0.0.1", port: int = 0, api_key: str |
     """Run an ASGI `app` with uvicorn on a background thread; returns once it accepts connections
     (without `api_key`, on loopback only)."""
     sock = bind(host, port, keyed=api_key is not None)
+    _bound(app, sock, host)
     server = uvicorn_server(app, _idle_timeout(app))
 
     def run() -> None:
@@ -236,6 +248,7 @@ async def serve_in_loop(app: FastAPI, host: str, port: int = 0, *,
     in this loop without crossing threads); (server, task, url) once it accepts connections."""
     state = getattr(app.state, "agentrl", None)
     sock = bind(host, port, keyed=state is None or state.cfg.api_key is not None)
+    _bound(app, sock, host)
     server = uvicorn_server(app, _idle_timeout(app))
     server.capture_signals = contextlib.nullcontext  # Ctrl-C stays the process's, even from the main thread
 

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agentrl.llm.conversation import encode_text
+from agentrl.llm.encoding import encode_chat, encode_text
 from agentrl.llm.server.chat_messages import check_tools, normalize_messages, render
 from agentrl.llm.server.openai_format import (chat_body, chat_events, completion_body, completion_choice,
                                               completion_events, new_id, vllm_body)
@@ -104,7 +104,7 @@ async def serve_chat(state: ServerState, req: ChatRequest, session: Session | No
             prompt, choices, version = reply.prompt_ids, reply.choices, int(getattr(llm, "policy_version", 0))
         else:
             tokenizer, llm, loop = state.tokenizer, state.engine, state.engine_loop
-            prompt = encode_text(tokenizer, render(tokenizer, normalize_messages(req.messages), tools, True))
+            prompt = encode_chat(tokenizer, render(tokenizer, normalize_messages(req.messages), tools, True))
             plans = sampling_params(rs, state.cfg.max_tokens, eos_ids(tokenizer))
             completions = await asyncio.gather(*(state.call(llm.generate, prompt, sp) for sp in plans))
             choices, version = [make_choice(tokenizer, c, bool(tools)) for c in completions], state.version()
@@ -157,6 +157,13 @@ def _prompts(tokenizer: Tokenizer, prompt: Any, limit: int) -> list[list[int]]:
     return [encode_text(tokenizer, p) if isinstance(p, str) else list(p) for p in prompt]
 
 
+def own_url(scope: dict) -> str:
+    """This server's URL from its own side of the connection (the address and port the client
+    reached), never from the client's `Host` header."""
+    host, port = scope["server"]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def add_session_routes(app: FastAPI, state: ServerState) -> None:
     """Sessions: open one over HTTP (served by this server's engine), read its record, reward it."""
     cfg, store = state.cfg, state.sessions
@@ -167,7 +174,7 @@ def add_session_routes(app: FastAPI, state: ServerState) -> None:
             raise RequestError(404, "this server opens sessions in-process only")
         session = store.open(state.tokenizer, state.engine, state.engine_loop,
                              RequestPolicy(cfg.max_tokens, eos_ids(state.tokenizer)))
-        return {"id": session.id, "base_url": f"{str(request.base_url).rstrip('/')}/sessions/{session.id}/v1"}
+        return {"id": session.id, "base_url": f"{own_url(request.scope)}/sessions/{session.id}/v1"}
 
     @app.get("/sessions/{sid}")
     async def read_session(sid: str) -> dict[str, Any]:

@@ -62,7 +62,7 @@ def engine_key(cfg: Config) -> str | None:
         key = Path(e.api_key_file).expanduser().read_text(encoding="utf-8", errors="replace").strip().splitlines()
     except OSError as err:
         raise ConfigError(f"engine.api_key_file={e.api_key_file}: cannot read it ({err.strerror or err}); give the "
-                          "key file `agentrl serve` printed at start") from None
+                          "key file whose path `agentrl serve` printed at start") from None
     if not key or not key[0].strip() or not (key[0].isascii() and key[0].isprintable()) or " " in key[0].strip():
         raise ConfigError(f"engine.api_key_file={e.api_key_file} holds no key (its first line must be the key, "
                           "printable ASCII without spaces)")

@@ -349,7 +349,7 @@ class RayRun:
         its next step (runtime/ray/elastic.py); callable while `fit` runs, from another thread."""
         from agentrl.runtime.ray.scale_file import check_ray_run, request_scale
 
-        check_ray_run(self.run_dir)
+        check_ray_run(self.run_dir, engines)
         request_scale(self.run_dir, engines)
 
     def fit(self, resume: bool = False) -> dict[str, Any]:

@@ -13,7 +13,10 @@ step boundary where on-policy no episode is in flight, before any episode of the
   replica i) and is sent the current weights and policy version (by the object store, as a
   restarted replica is) before any env manager knows of it. One that cannot be placed or fails
   to start is logged and left out, and that request is not tried again: the step goes on with
-  the replicas there are.
+  the replicas there are. A replica beyond the run's bundles that would reserve nothing
+  (runtime.actor_infer.num_cpus=0 on CPU) is not started at all (`growth`, logged once per
+  request): nothing would bound how many the cluster takes. A request asks at most
+  MAX_ENGINES (scale_file.py).
 - Shrinking removes the highest-numbered replicas. The env managers are re-bound first, so
   nothing new reaches them; each is then killed once it holds no request (at a step boundary it
   holds none; after runtime.restart_timeout it is killed anyway: its episodes fail as engine
@@ -36,10 +39,31 @@ from typing import Any
 
 from agentrl.runtime.ray.engine_client import first_line
 from agentrl.runtime.ray.placement import Worker, bound_engines, options, replica_seed
-from agentrl.runtime.ray.scale_file import read_request
+from agentrl.runtime.ray.scale_file import MAX_ENGINES, read_request
 from agentrl.runtime.ray.workers import node_id
 
 DRAIN_POLL = 0.1  # seconds between checks on a replica being removed
+
+
+def replica_bundle(num_cpus: float, on_gpu: bool) -> dict[str, float]:
+    """What a replica placed outside the run's placement group reserves: the engine's CPUs, and
+    one whole GPU for a role on GPUs (empty: nothing)."""
+    bundle = {"CPU": num_cpus, **({"GPU": 1.0} if on_gpu else {})}
+    return {k: v for k, v in bundle.items() if v > 0}
+
+
+def growth(have: int, wanted: int, placed: int, bundle: dict[str, float]) -> tuple[int, str | None]:
+    """How many replicas a request for `wanted` may grow the run to from `have` (`placed`: the
+    replicas the run's placement group holds bundles for; `bundle`: what one more beyond them
+    reserves), and why it stops short of `wanted` before asking the cluster (None: it does not).
+    A replica that reserves nothing is never refused by the cluster: it is not started."""
+    wanted = min(wanted, MAX_ENGINES)
+    reach = max(have, placed)
+    if bundle or wanted <= reach:
+        return wanted, None
+    return reach, (f"engine-{reach} would reserve no resources (runtime.actor_infer.num_cpus=0 on CPU, beyond the "
+                   f"{placed} placed), so nothing bounds how many the cluster takes: not started; staying at "
+                   f"{reach} replicas (set runtime.actor_infer.num_cpus > 0 to add replicas)")
 
 
 @dataclass
@@ -107,8 +131,12 @@ class ElasticEngines:
         """Start replicas len(engines)..wanted-1 at once; keep, in order, those that started."""
         import ray
 
+        spec = self.spec
         first, created = len(self.source.engines), []
-        for i in range(first, wanted):
+        reach, why = growth(first, wanted, len(spec.infer), replica_bundle(spec.infer[0].num_cpus, spec.on_gpu))
+        if why is not None:
+            self.log(f"elastic: {why}")  # once: a request that is not met is not tried again
+        for i in range(first, reach):
             made = self._create(i)
             if made is None:
                 break
@@ -163,8 +191,7 @@ class ElasticEngines:
         from ray.util.placement_group import placement_group, remove_placement_group
 
         spec, like = self.spec, self.spec.infer[0]
-        bundle = {"CPU": like.num_cpus, **({"GPU": 1.0} if spec.on_gpu else {})}
-        bundle = {k: v for k, v in bundle.items() if v > 0}
+        bundle = replica_bundle(like.num_cpus, spec.on_gpu)
         worker = replace(like, index=i, gpu=None, gpu_share=1.0 if spec.on_gpu else 0.0,
                          bundle=0 if bundle else None)
         if not bundle:  # reserves nothing: placed anywhere, as the driver places such a worker

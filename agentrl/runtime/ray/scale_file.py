@@ -4,7 +4,7 @@ the run folder that trainer rank 0 reads at each step boundary (runtime/ray/elas
     RUN_DIR/scale.json   {"engines": 3, "id": "<random hex>"}
 
 Written whole or not at all (agentrl/atomic.py), by `agentrl scale RUN_DIR engines=N` or
-`RayRun.scale(n)`. It is the wanted state, not a one-off order: it stays in the folder, so a run
+`RayRun.scale(n)`; N is plain ASCII digits, 1 to MAX_ENGINES. It is the wanted state, not a one-off order: it stays in the folder, so a run
 resumed later is scaled to it at its first step. Imports nothing heavy: the CLI writes it.
 """
 
@@ -15,10 +15,11 @@ import uuid
 from pathlib import Path
 
 from agentrl.atomic import write_atomic
-from agentrl.errors import ConfigError
+from agentrl.errors import AgentRLError, ConfigError, shown
 
 SCALE_NAME = "scale.json"
 TARGET = "engines"  # the one thing a request scales
+MAX_ENGINES = 1024  # the most replicas a request may ask: a typo (engines=1000000000) is refused, not tried
 
 
 def engines_target(targets: list[str]) -> int:
@@ -29,23 +30,25 @@ def engines_target(targets: list[str]) -> int:
     key, eq, value = targets[0].partition("=")
     if not eq or key != TARGET:
         raise ConfigError(f"unknown scale target {targets[0]!r}: the one accepted is engines=N, e.g. engines=2")
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    return check_engines(n, shown=value)
+    # Plain ASCII digits only: int() also takes "1_000", " 3", "+3" and other scripts' digits ("３").
+    n = int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else 0
+    return check_engines(n, given=value)
 
 
-def check_engines(n: object, shown: object = None) -> int:
-    """`n` as a replica count: a whole number >= 1."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"engines={n if shown is None else shown}: give a whole number of engine replicas, "
-                          "at least 1 (e.g. engines=2)")
+def check_engines(n: object, given: object = None) -> int:
+    """`n` as a replica count: a whole number from 1 to MAX_ENGINES."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ENGINES:
+        value = n if given is None else given
+        if not (isinstance(value, str) and value.isascii() and value.isprintable() and len(value) <= 40):
+            value = shown(value)
+        raise ConfigError(f"engines={value}: give a whole number of engine replicas, at least 1 and at most "
+                          f"{MAX_ENGINES}, in plain digits (e.g. engines=2)")
     return n
 
 
-def check_ray_run(run_dir: Path) -> None:
-    """`run_dir` (a run folder) holds a runtime.kind=ray run: only those have replicas to scale."""
+def check_ray_run(run_dir: Path, engines: int | None = None) -> None:
+    """`run_dir` (a run folder) holds a runtime.kind=ray run: only those have replicas to scale;
+    and one that can hold `engines` replicas (those beyond its placement need resources to reserve)."""
     from agentrl.config import load_config
 
     cfg = load_config(run_dir / "config.yaml")
@@ -60,13 +63,25 @@ def check_ray_run(run_dir: Path) -> None:
         raise ConfigError(f"{run_dir} plays asynchronously (rollout.max_staleness={cfg.rollout.max_staleness}): "
                           "replicas are added and removed between on-policy steps only (not built for a stream "
                           "of groups in flight yet)")
+    infer = cfg.runtime.actor_infer
+    if isinstance(engines, int) and engines > infer.world_size and not infer.num_cpus and not infer.device_mapping:
+        raise ConfigError(f"engines={engines}: {run_dir} runs its engines with runtime.actor_infer.num_cpus=0 on CPU, "
+                          "so a replica beyond the "
+                          f"{infer.world_size} placed (runtime.actor_infer.world_size) reserves nothing and nothing "
+                          "bounds how many the cluster would take; ask at most "
+                          f"engines={infer.world_size}, or run with runtime.actor_infer.num_cpus > 0")
 
 
 def request_scale(run_dir: str | Path, engines: int) -> Path:
     """Ask the run in `run_dir` for `engines` replicas (applied at its next step boundary)."""
     n = check_engines(engines)
     body = json.dumps({TARGET: n, "id": uuid.uuid4().hex})  # a new id: the same count asked again is retried
-    return write_atomic(Path(run_dir) / SCALE_NAME, body + "\n")
+    path = Path(run_dir) / SCALE_NAME
+    try:
+        return write_atomic(path, body + "\n")
+    except OSError as e:
+        raise AgentRLError(f"cannot write the scale request {path}: {e.strerror or e}; the run folder must be "
+                           "writable by this user (the run reads its requests from there)") from None
 
 
 def read_request(run_dir: str | Path) -> tuple[str, int] | None:
