@@ -109,6 +109,13 @@ class ActorConfig:
     """Token budget of one forward/backward (verl's ppo_max_token_len_per_gpu with use_dynamic_bsz):
     a mini-batch's episodes, longest first, fill micro-batches up to this many tokens (padded: rows x
     longest; packed: their sum); an episode longer than it gets one of its own. 0 = micro_batch_size."""
+    logits_chunk_size: int = 1024
+    """Positions whose full-vocabulary logits exist at once in the actor's and the reference's
+    passes (verl's entropy_from_logits_with_chunking): the output layer, log-softmax and entropy
+    run on this many positions at a time, and backward recomputes each chunk's logits instead of
+    keeping (tokens, vocab) float32 tensors (train/forward.py). The same results; 0 = a pass's
+    whole logits at once (the model's own forward, and the path of architectures that scale or cap
+    their logits after the output layer)."""
     clip_ratio_low: float = 0.2
     """PPO clip range below 1 (ratio >= 1 - clip_ratio_low)."""
     clip_ratio_high: float = 0.2

@@ -123,6 +123,7 @@ RANGES: dict[str, Range] = {
     "actor.ppo_mini_batch_size": Range(1, 2**20),
     "actor.micro_batch_size": Range(1, 2**20),
     "actor.max_tokens_per_micro_batch": Range(0, 2**30, "0 = size micro-batches by micro_batch_size"),
+    "actor.logits_chunk_size": Range(0, 2**30, "0 = a pass's whole logits at once"),
     "actor.clip_ratio_low": UNIT,  # the ratio's floor 1 - clip_ratio_low stays >= 0
     "actor.clip_ratio_high": Range(0.0, 100.0),
     "actor.clip_ratio_c": Range(1.0, 1e6, "or null to turn dual-clip off", lo_open=True),

@@ -30,7 +30,7 @@ def batch_logprobs(model: torch.nn.Module, batch: Batch, options: ForwardOptions
                               options.max_tokens, options.packed):
         mb = batch.select(rows).to(device)
         lp = logprobs(model, mb.input_ids, mb.attention_mask, temperature, options.packed,
-                      share_prefixes=options.share_prefixes)
+                      share_prefixes=options.share_prefixes, chunk=options.logits_chunk)
         out[rows, : lp.shape[1]] = lp.float().cpu()
     return out
 
@@ -73,7 +73,8 @@ class Actor:
         self.parallel = parallel  # a data-parallel rank: updates on its share, gradients summed
         self.cfg = cfg
         self.temperature = temperature
-        self.options = ForwardOptions(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, packed, cfg.share_prefixes)
+        self.options = ForwardOptions(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, packed, cfg.share_prefixes,
+                                      cfg.logits_chunk_size)
         # seq-mean-token-sum-norm and dr-grpo divide by a constant: the configured one or the longest reply.
         self.horizon = cfg.loss_scale_factor or horizon
         self.master = MasterWeights([p for p in model.parameters() if p.requires_grad])
@@ -164,7 +165,7 @@ class Actor:
         forward = self.parallel.module if self.parallel is not None else self.model
         logp, entropy = logprobs(forward, mb.input_ids, mb.attention_mask, self.temperature,
                                  self.options.packed, with_entropy=True, entropy_grad=bool(cfg.entropy_coeff),
-                                 share_prefixes=self.options.share_prefixes)
+                                 share_prefixes=self.options.share_prefixes, chunk=self.options.logits_chunk)
         loss, pg = get_policy_loss(cfg.policy_loss.loss_mode)(
             logp, mb.old_logprobs, mb.advantages, mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
             cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w, config=cfg.policy_loss, **agg)

@@ -124,19 +124,22 @@ def plan_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       input_ids[torch.arange(batch, device=device), shared_t], index)
 
 
-def cascade(model: torch.nn.Module, plan: PrefixPlan, read: Read) -> tuple[torch.Tensor, torch.Tensor]:
+def cascade(model: torch.nn.Module, plan: PrefixPlan, read: Read,
+            extra: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(prefix states (G, P, D), suffix states (B, S, D)): the prefixes once, with their KV cache,
-    then every row's suffix on its group's cache."""
+    then every row's suffix on its group's cache; `extra`: keyword arguments of both passes."""
     if model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
         # transformers drops the KV cache of checkpointed layers in training: the suffixes would see no prefix.
         raise ValueError("actor.share_prefixes (critic.share_prefixes) needs the KV cache, which gradient "
                          "checkpointing drops in training: turn off model.enable_gradient_checkpointing or it")
-    out = model(input_ids=plan.prefix_ids, attention_mask=plan.prefix_mask, use_cache=True)
+    extra = extra or {}
+    out = model(input_ids=plan.prefix_ids, attention_mask=plan.prefix_mask, use_cache=True, **extra)
+    prefix = read(out)  # read at once: a reader may take what the pass left elsewhere (train/forward.py)
     cache = out.past_key_values
     cache.reorder_cache(plan.group)  # each row's copy of its group's keys and values
     rest = model(input_ids=plan.suffix_ids, attention_mask=plan.attention_mask, position_ids=plan.positions,
-                 past_key_values=cache, use_cache=True)
-    return read(out), read(rest)
+                 past_key_values=cache, use_cache=True, **extra)
+    return prefix, read(rest)
 
 
 def assemble(plan: PrefixPlan, prefix: torch.Tensor, suffix: torch.Tensor, score: Score) -> tuple[torch.Tensor, ...]:
@@ -153,9 +156,11 @@ def assemble(plan: PrefixPlan, prefix: torch.Tensor, suffix: torch.Tensor, score
 
 def shared_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, read: Read,
                    score: Score, unshared: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
-                   min_prefix: int = MIN_SHARED_PREFIX) -> tuple[torch.Tensor, ...]:
+                   min_prefix: int = MIN_SHARED_PREFIX,
+                   extra: dict[str, Any] | None = None) -> tuple[torch.Tensor, ...]:
     """`score`'s (B, T) results of a right-padded micro-batch with each shared prefix computed once;
-    `unshared(ids, mask)` gives them for rows that share nothing (all of them when none do)."""
+    `unshared(ids, mask)` gives them for rows that share nothing (all of them when none do);
+    `extra`: keyword arguments of the model's passes."""
     groups = prefix_groups(input_ids, attention_mask, min_prefix)
     if not groups:
         return unshared(input_ids, attention_mask)
@@ -163,7 +168,7 @@ def shared_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     grouped[[r for rows, _ in groups for r in rows]] = True
     if bool(grouped.all()):
         plan = plan_prefixes(input_ids, attention_mask, groups)
-        return assemble(plan, *cascade(model, plan, read), score)
+        return assemble(plan, *cascade(model, plan, read, extra), score)
     # The groups through the cascade, the others through the unshared pass (packed or padded): in
     # the suffix pass a row that shares nothing would widen every row's suffix to its whole length.
     rows, alone = grouped.nonzero(as_tuple=True)[0], (~grouped).nonzero(as_tuple=True)[0]
@@ -171,7 +176,7 @@ def shared_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     ids, mask = _trimmed(input_ids, attention_mask, rows)
     plan = plan_prefixes(ids, mask, [([new[r] for r in members], p) for members, p in groups])
     outs = []
-    for shared, own in zip(assemble(plan, *cascade(model, plan, read), score),
+    for shared, own in zip(assemble(plan, *cascade(model, plan, read, extra), score),
                            unshared(*_trimmed(input_ids, attention_mask, alone))):
         out = shared.new_zeros(input_ids.shape)
         out[rows.to(out.device), :shared.shape[1]] = shared

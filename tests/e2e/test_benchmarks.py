@@ -42,7 +42,16 @@ def _elastic(summary: dict) -> None:
     assert summary["replicas"] == [1, 3, 1] and summary["failed_episodes"] == 0
 
 
-CHECKS = {"gpu_suite": _gpu_suite, "prefix_sharing": _prefix_sharing, "elastic": _elastic}  # what a script's summary must hold beyond being one
+def _update_memory(summary: dict) -> None:
+    """Chunked logits: lower peaks where the vocabulary is wide, the same loss and gradient norm everywhere."""
+    big = summary["shapes"]["qwen0.5b"]  # 151,936-id vocabulary
+    assert big["old_logprobs_ratio"] < 0.5 and big["passes_ratio"] < 1
+    for r in summary["shapes"].values():
+        assert r["loss_diff"] < 1e-5 and r["grad_norm_rel_diff"] < 1e-4
+
+
+CHECKS = {"gpu_suite": _gpu_suite, "prefix_sharing": _prefix_sharing, "elastic": _elastic,
+          "update_memory": _update_memory}  # what a script's summary must hold beyond being one
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ def build_reference(run_plan: RunPlan, model: Any) -> Reference:
     """The frozen reference policy, from its own copy of the starting model."""
     a = run_plan.actor
     options = ForwardOptions(a.micro_batch_size, a.max_tokens_per_micro_batch, run_plan.model.use_remove_padding,
-                             a.share_prefixes)
+                             a.share_prefixes, a.logits_chunk_size)
     return Reference(model, options, run_plan.rollout.temperature)
 
 
