@@ -1,7 +1,11 @@
-"""Shared fixtures: a tiny tokenizer and model built locally (nothing downloaded)."""
+"""Shared fixtures: a tiny tokenizer and model built locally (nothing downloaded), and the Ray
+tests' cluster (one per test process)."""
 
+import contextlib
 import os
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,14 +34,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 # `make test` runs the suite on 2 workers (pytest-xdist, `--dist loadscope`): each module runs whole
-# on one worker (its module fixtures, a Ray cluster among them, are built once), and modules are
-# handed out in collection order. The longest modules, by their measured times, are collected
-# first, so that none starts last and runs alone while the other worker idles. A module missing
-# from this list only costs time; the order within a module is never changed.
+# on one worker (its module fixtures are built once; a worker's Ray modules share one cluster, see
+# `ray_nodes`), and modules are handed out in collection order. The longest modules, by their
+# measured times, are collected first, so that none starts last and runs alone while the other
+# worker idles. A module missing from this list only costs time; the order within a module is
+# never changed.
 LONGEST_FIRST = [
-    "runtime/test_ray_features.py", "runtime/test_ray_runtime.py", "e2e/test_run_folder.py",
-    "runtime/test_ray_served.py", "llm/test_vllm_engine.py", "e2e/test_benchmarks.py", "e2e/test_misbehaving_run.py",
-    "e2e/test_vllm_launch.py", "e2e/test_resume.py", "runtime/test_ray_async.py", "seeds/test_seed_style.py",
+    "runtime/test_ray_runtime.py", "runtime/test_ray_features.py", "e2e/test_run_folder.py",
+    "runtime/test_ray_served.py", "llm/test_vllm_engine.py", "llm/test_vllm_ledger.py", "e2e/test_benchmarks.py",
+    "e2e/test_misbehaving_run.py", "e2e/test_vllm_launch.py", "e2e/test_resume.py", "runtime/test_ray_async.py",
+    "runtime/test_async_ledger_ray.py", "seeds/test_seed_style.py",
     "e2e/test_faults.py", "e2e/test_train.py", "e2e/test_observe.py",
     "e2e/test_qwen_shape.py", "e2e/test_serve_train.py", "runtime/test_plan.py", "e2e/test_async.py",
     "e2e/test_tool_tasks_train.py", "e2e/test_tool_train.py",
@@ -76,6 +82,66 @@ def _own_model_cache(run_model_cache):
         os.environ.pop("AGENTRL_CACHE", None)
     else:
         os.environ["AGENTRL_CACHE"] = before
+
+
+# What Ray's processes and drivers read: no token file in the home folder, session files in a
+# short folder of the test run (Ray's socket paths must fit 107 bytes), not /tmp/ray.
+RAY_ENV = ("RAY_AUTH_MODE", "RAY_TMPDIR")
+
+
+@contextlib.contextmanager
+def ray_env(temp: str):
+    """RAY_ENV set for the Ray tests' own processes, as it was before once they are done: a module
+    that starts a Ray of its own (a subprocess, a local cluster) never sees ours."""
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_TMPDIR=temp)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class RayNodes:
+    """A running two-node Ray cluster of this process (ray.cluster_utils.Cluster): its address,
+    and `env()`, RAY_ENV as its processes were started with."""
+
+    def __init__(self, temp: str) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.temp = temp
+        with self.env():
+            self.nodes = Cluster(initialize_head=True,
+                                 head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False})
+            self.nodes.add_node(num_cpus=2, num_gpus=0)
+        self.address = self.nodes.address
+
+    def env(self):
+        return ray_env(self.temp)
+
+    def shutdown(self) -> None:
+        with self.env():
+            self.nodes.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_nodes():
+    """Two nodes of 2 logical CPUs each, no GPU (two raylets on this machine), started by the
+    first module of this process that asks for them (tests/runtime/test_ray_runtime.py's
+    `cluster`) and stopped at the end of the session. Starting them takes tens of seconds on a
+    loaded machine: the Ray modules of a pytest-xdist worker share them, each as a Ray job of its
+    own (see `cluster`)."""
+    temp = tempfile.mkdtemp(prefix="agentrl-ray-")  # short: Ray's socket paths must fit 107 bytes
+    os.makedirs(os.path.join(temp, "ray"))
+    nodes = RayNodes(temp)
+    try:
+        yield nodes
+    finally:
+        nodes.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Each feature of a local run, on the Ray runtime (issue 31's matrix): LoRA, OpenAI-client agents,
-and the parametrised matrix of history window, critic, GiGPO, curriculum and the tool agent, each
-against the local run of the same config on the two-node cluster of test_ray_runtime.py (a module of
-its own, so that the suite's two workers share the Ray tests)."""
+and the matrix of history window, critic, GiGPO, curriculum and the tool agent, each against the
+local run of the same config, on the two-node cluster of test_ray_runtime.py's `cluster` (a module
+of its own, so that the suite's two workers share the Ray tests)."""
 
 import shutil
 
@@ -31,18 +31,23 @@ def _differ(run_a, run_b, skip=()):
             if k not in skip and not same(mine.get(k), theirs.get(k))]
 
 
-def test_lora_trains_on_ray_as_locally_and_only_the_adapter_travels(cluster, cache, tmp_path):
-    """configs/frozen_lake_lora.yaml on each runtime, 2 steps then `agentrl resume` to 3 (from the
-    adapter checkpoint): every non-perf metric is the local run's, and each weight sync moves
-    exactly the adapter the checkpoint holds, not the model."""
-    overrides = [*LAKE, "model.warm_start.max_steps=60", "rollout.batch_size=8", "rollout.group_size=4",
+def test_lora_with_a_critic_and_a_kl_reference_trains_on_ray_as_locally_and_only_the_adapter_travels(
+        cluster, cache, tmp_path):
+    """configs/frozen_lake_lora.yaml with PPO (a critic and a KL loss to the reference) on each
+    runtime, 2 steps then `agentrl resume` to 3 (from the adapter checkpoint): every non-perf metric
+    is the local run's, and each weight sync moves exactly the adapter the checkpoint holds, not the
+    model. The critic actor's body keeps the policy's adapters (its own to train) and the reference
+    actor is the starting model, as the local run's policy with its adapters off."""
+    overrides = [*LAKE, "model.warm_start.max_steps=60", "rollout.batch_size=8", "rollout.group_size=4", *PPO,
                  f"model.cache_dir={cache}", "trainer.total_steps=2"]
     for kind in ("local", "ray"):
         fit("configs/frozen_lake_lora.yaml",
             overrides=[*overrides, f"run_dir={tmp_path / kind}", f"runtime.kind={kind}"], log=lambda m: None)
         assert cli.main(["resume", str(tmp_path / kind), "trainer.total_steps=3"]) == 0
     assert _differ(tmp_path / "ray", tmp_path / "local") == []
-    assert any(r.get("loss/policy") for r in _rows(tmp_path / "local"))
+    local = _rows(tmp_path / "local")
+    assert any(r.get("loss/policy") for r in local)
+    assert any(r.get("loss/kl") for r in local[2:]) and any(r.get("loss/value") for r in local)
     from safetensors.torch import load_file
 
     ckpt = tmp_path / "ray" / "checkpoints" / "step_000003"
@@ -52,17 +57,6 @@ def test_lora_trains_on_ray_as_locally_and_only_the_adapter_travels(cluster, cac
               if "perf/weight_sync_mb" in r]
     print(f"weight sync per step (bytes): {synced}; adapter {adapter}")
     assert synced and all(round(b) % adapter == 0 and b > 0 for b in synced), (synced, adapter)
-
-
-def test_lora_with_a_critic_and_a_kl_reference_on_ray_logs_the_local_metrics(cluster, cache, tmp_path):
-    """PPO with LoRA: the critic actor's body keeps the policy's adapters (its own to train) and the
-    reference actor is the starting model, as the local run's policy with its adapters off."""
-    for kind in ("local", "ray"):
-        fit(None, overrides=[*COIN, *PPO, "model.lora.rank=8", "actor.lr=5e-3", f"model.cache_dir={cache}",
-                             f"run_dir={tmp_path / kind}", f"runtime.kind={kind}"], log=lambda m: None)
-    local = _rows(tmp_path / "local")
-    assert any(r.get("loss/kl") for r in local[2:]) and any(r.get("loss/value") for r in local)
-    assert _differ(tmp_path / "ray", tmp_path / "local") == []
 
 
 def test_lora_on_two_trainer_ranks_updates_as_one(cluster, cache, tmp_path):
@@ -139,14 +133,21 @@ FEATURES = {
         "agent.args.tool_args.python.timeout=20", "rollout.max_new_tokens=48"],
                    "env/products/tools/calls"),
 }
+# The features run together, one pair of runs (local, ray) for each set: features of separate parts
+# (the agent's prompt, the advantage, the task draw) share one pair, and every feature of a pair is
+# checked as if it ran alone (its mark; no value differs). The critic is an advantage estimator as
+# GiGPO is, and the tool agent has a config of its own: each their own pair.
+PAIRS = [("history_window", "gigpo", "curriculum"), ("critic",), ("tool_agent",)]
+assert sorted(f for pair in PAIRS for f in pair) == sorted(FEATURES), "every feature runs, once"
 
 
-@pytest.mark.parametrize("feature", list(FEATURES))
-def test_each_feature_logs_the_local_metrics_on_ray(cluster, cache, tmp_path, feature):
-    """One feature on, `local` then `ray` (one engine replica, one env manager, two nodes):
-    every logged value but the perf/ and ray/ ones is identical, and the feature left its mark."""
-    config, overrides, mark = FEATURES[feature]
-    if feature == "tool_agent" and bwrap_problem() is not None:
+@pytest.mark.parametrize("features", PAIRS, ids=["+".join(pair) for pair in PAIRS])
+def test_each_feature_logs_the_local_metrics_on_ray(cluster, cache, tmp_path, features):
+    """The features on, `local` then `ray` (one engine replica, one env manager, two nodes): every
+    logged value but the perf/ and ray/ ones is identical, and each feature left its mark."""
+    (config,) = {FEATURES[f][0] for f in features}  # a pair shares its config
+    overrides = [o for f in features for o in FEATURES[f][1]]
+    if "tool_agent" in features and bwrap_problem() is not None:
         pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
     for kind in ("local", "ray"):
         cfg = load_config(config, [
@@ -158,9 +159,11 @@ def test_each_feature_logs_the_local_metrics_on_ray(cluster, cache, tmp_path, fe
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("ray/")} for r in rows]  # noqa: E731
     # The tool agent's calls run in processes of their own and end when they end, so the engine's
     # batches (not its seeded samples) depend on timing: its logprobs can differ in the last float bits.
-    loose = ENGINE_LOGPROB_KEYS if feature == "tool_agent" else ()
+    loose = ENGINE_LOGPROB_KEYS if "tool_agent" in features else ()
     differ = [(theirs["step"], k) for mine, theirs in zip(strip(remote), strip(local))
               for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)
               and not (k in loose and mine.get(k) == pytest.approx(theirs.get(k), abs=1e-4))]
     assert [r["step"] for r in remote] == [r["step"] for r in local] == [0, 1, 2, 2] and differ == []
-    assert mark is None or any(r.get(mark) for r in local), (feature, sorted(local[1]))
+    for feature in features:
+        mark = FEATURES[feature][2]
+        assert mark is None or any(r.get(mark) for r in local), (feature, sorted(local[1]))

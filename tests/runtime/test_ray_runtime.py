@@ -1,14 +1,13 @@
-"""The Ray runtime end to end, on one cluster shared by the module: two nodes of 2 logical CPUs
-each (ray.cluster_utils.Cluster: two raylets on this machine), no GPU. The same metrics as the
+"""The Ray runtime end to end, on a cluster of two nodes of 2 logical CPUs each
+(ray.cluster_utils.Cluster: two raylets on this machine), no GPU, started once per test process
+(tests/conftest.py) and joined by each Ray module as a job of its own. The same metrics as the
 local runtime; data-parallel training equal to one worker; a dead trainer rank stopping the run
 and `agentrl resume` continuing it; an engine and an env manager killed mid-run and restarted,
 in a run whose engine sits on the second node; impossible placements refused in one line; LoRA
 (adapter-sized weight sync, resume, two ranks) and OpenAI-client agents as in the local runtime."""
 
 import json
-import os
-import shutil
-import tempfile
+import time
 from collections import Counter
 
 import pytest
@@ -44,25 +43,28 @@ LAKE = [*TINY, "env.max_turns=3", "env.args.max_steps=3"]
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    from ray.cluster_utils import Cluster
+def cluster(ray_nodes):
+    """The two-node cluster of this pytest-xdist worker (tests/conftest.py's `ray_nodes`, shared by
+    the Ray modules), joined by this module as a Ray job of its own: at the module's end the driver
+    disconnects, which ends the job and with it every actor and placement group it left, so each
+    module starts on an empty cluster as if the cluster were its own."""
+    with ray_nodes.env():
+        init_cluster(address=ray_nodes.address)
+        try:
+            _wait_idle()
+            yield ray_nodes
+        finally:
+            ray.shutdown()
 
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_TMPDIR")}
-    temp = tempfile.mkdtemp(prefix="agentrl-ray-")  # short: Ray's socket paths must fit 107 bytes
-    os.environ.update(RAY_AUTH_MODE="disabled", RAY_TMPDIR=temp)  # the helper's files go there, not /tmp/ray
-    os.makedirs(os.path.join(temp, "ray"))
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False})
-    nodes.add_node(num_cpus=2, num_gpus=0)
-    init_cluster(address=nodes.address)
-    yield nodes
-    ray.shutdown()
-    nodes.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+
+def _wait_idle(limit: float = 300.0) -> None:
+    """Until the jobs of the modules before this one are gone: Ray ends a disconnected job's
+    actors and placement groups after the disconnect returns, and a module sees every CPU free."""
+    deadline = time.monotonic() + limit
+    while ray.available_resources().get("CPU") != ray.cluster_resources().get("CPU") or any(
+            p["state"] != "REMOVED" for p in ray.util.placement_group_table().values()):
+        assert time.monotonic() < deadline, f"the shared Ray cluster is still busy: {ray.available_resources()}"
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -197,27 +199,19 @@ def test_two_trainer_ranks_update_as_one_and_a_dead_rank_stops_the_run_until_res
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3]
 
 
-def test_an_env_from_a_file_in_imports_trains_on_ray_and_resumes(cluster, cache, tmp_path):
-    """`imports=[path/my_lake.py]`: the driver and every actor import the file as module
-    `my_lake` (actors import it themselves: its registrations do not travel pickled)."""
+def test_an_env_from_a_file_in_imports_trains_on_ray_writes_the_plan_and_resumes(cluster, cache, tmp_path, capsys):
+    """`imports=[path/my_lake.py]`: the driver and every actor (two env managers) import the file as
+    module `my_lake` (actors import it themselves: its registrations do not travel pickled).
+    plan.json of the run equals `agentrl plan --json` of its config, the placement's workers and
+    bundles included, and the run logs the plan's text; `agentrl resume` continues the run."""
     (tmp_path / "mine").mkdir()
     module = tmp_path / "mine" / "my_lake.py"
     module.write_text("from agentrl.envs.frozen_lake import FrozenLakeEnv\nfrom agentrl.registry import register_env\n"
                       "\n\n@register_env('my_lake')\nclass MyLake(FrozenLakeEnv):\n    pass\n")
     run = tmp_path / "run"
-    args = ["train", "configs/frozen_lake.yaml", *LAKE, f"model.path={_model(cache, LAKE)}", f"run_dir={run}",
-            "runtime.kind=ray", f"imports=[{module}]", "env.type=my_lake", "trainer.total_steps=2"]
-    assert cli.main(args) == 0
-    assert cli.main(["resume", str(run), "trainer.total_steps=3"]) == 0
-    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3]
-
-
-def test_a_ray_run_writes_the_plan_agentrl_plan_prints_placement_included(cluster, cache, tmp_path, capsys):
-    """plan.json of a runtime.kind=ray run equals `agentrl plan --json` of its config, the
-    placement's workers and bundles included, and the run logs the plan's text."""
-    run = tmp_path / "run"
     args = ["configs/frozen_lake.yaml", *LAKE, f"model.path={_model(cache, LAKE)}", f"run_dir={run}",
-            "runtime.kind=ray", "runtime.env_managers=2", "trainer.total_steps=1"]
+            "runtime.kind=ray", "runtime.env_managers=2", f"imports=[{module}]", "env.type=my_lake",
+            "trainer.total_steps=2"]
     assert cli.main(["plan", *args, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert cli.main(["plan", *args]) == 0
@@ -227,6 +221,8 @@ def test_a_ray_run_writes_the_plan_agentrl_plan_prints_placement_included(cluste
     assert shown["runtime"]["kind"] == "ray" and shown["warm_start"]["enabled"] is False
     assert Counter(w["role"] for w in shown["runtime"]["placement"]["workers"]) == {
         "actor_train": 1, "actor_infer": 1, "env_manager": 2}
+    assert cli.main(["resume", str(run), "trainer.total_steps=3"]) == 0
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3]
 
 
 def _weight_diffs(a, b):
