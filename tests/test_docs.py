@@ -141,3 +141,18 @@ def test_the_results_table_and_the_configs_page_have_one_row_per_shipped_config(
     assert len(shipped) >= 11
     assert sorted(_config_rows(README, "Results")) == shipped
     assert sorted(_config_rows(ROOT / "docs" / "configs.md", "The shipped configs")) == shipped
+
+
+def test_the_readme_s_claim_about_the_default_s_seeds_is_its_table_s():
+    """The opening paragraph names as learning exactly the seeds the results table's row of the
+    default config shows at the optimum (1.00), and no other: one truth on the page."""
+    text = README.read_text()
+    claim = re.search(r"the default\s+learns FrozenLake on (?:each of )?seeds? ((?:\d+(?:, | and ))*\d+)", text)
+    assert claim, "the opening paragraph no longer says which seeds the default learns on"
+    claimed = {int(s) for s in re.findall(r"\d", claim.group(1))}
+    row = next(line for line in text.splitlines() if line.startswith("| `frozen_lake.yaml`"))
+    seeds_cell, results_cell = row.split("|")[2], row.split("|")[3]
+    seeds = [int(s) for s in re.findall(r"\d+", seeds_cell)]
+    after = re.findall(r"\d\.\d\d", results_cell.split("→", 1)[1].split("(", 1)[0])
+    assert len(after) == len(seeds), (seeds_cell, results_cell)
+    assert claimed == {s for s, a in zip(seeds, after) if float(a) == 1.0}, (claimed, seeds, after)
