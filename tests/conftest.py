@@ -41,9 +41,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # never changed.
 LONGEST_FIRST = [
     "runtime/test_ray_runtime.py", "runtime/test_ray_features.py", "e2e/test_run_folder.py",
-    "runtime/test_ray_served.py", "llm/test_vllm_engine.py", "llm/test_vllm_ledger.py", "e2e/test_benchmarks.py",
+    "runtime/test_ray_served.py", "llm/test_vllm_engine.py", "e2e/test_benchmarks.py",
     "e2e/test_misbehaving_run.py", "e2e/test_vllm_launch.py", "e2e/test_resume.py", "runtime/test_ray_async.py",
-    "runtime/test_async_ledger_ray.py", "seeds/test_seed_style.py",
+    "seeds/test_seed_style.py",
     "e2e/test_faults.py", "e2e/test_train.py", "e2e/test_observe.py",
     "e2e/test_qwen_shape.py", "e2e/test_serve_train.py", "runtime/test_plan.py", "e2e/test_async.py",
     "e2e/test_tool_tasks_train.py", "e2e/test_tool_train.py",

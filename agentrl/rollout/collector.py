@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from agentrl.envs.contract import reset_problem, step_problem
 from agentrl.errors import EngineError, RolloutError, UserExit, as_failure, contained, must_propagate
 from agentrl.rollout.loop_thread import LoopBlocked, LoopThread
+from agentrl.rollout.stats import provenance_metrics
 from agentrl.rollout.tasks import retry_seed
 from agentrl.rollout.trajectory_check import episode_problem
 from agentrl.trajectory import Task, Trajectory
@@ -46,6 +47,11 @@ if TYPE_CHECKING:  # types only: the collector imports the env contract's checks
     from agentrl.llm.engine import LLMClient
 
 FAILURE_KINDS = ("env", "agent", "engine", "timeout", "worker")  # worker: the process playing it died (Ray)
+# Why ids the engine decoded reach no loss (rollout/discarded_tokens/<cause>): a group the filters
+# dropped (DAPO, RAGEN, on_truncation=drop, a surplus group), a group the stream dropped as too
+# stale, a failed attempt or a group dropped for a failed episode, a request the engine aborted
+# because its caller stopped waiting (an episode timeout). See docs/async-and-faults.md.
+DISCARD_CAUSES = ("filtered", "stale", "failed", "aborted")
 
 
 @dataclass
@@ -68,6 +74,12 @@ class CollectResult:
     failed_episodes: int = 0  # episodes whose every attempt failed
     episodes: int = 0  # episodes asked for
     segments: int = 0  # extra sequences of episodes whose history was rewritten (agents/openai.py)
+    # Generated ids that reach no loss, per cause (DISCARD_CAUSES)
+    discarded: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DISCARD_CAUSES, 0))
+    # Set by fill_step: generated ids of the groups handed to the trainer (those it drops later,
+    # RAGEN's filter or on_truncation=drop, count as filtered) and the version trained on them
+    handed_ids: int | None = None
+    trained_version: int | None = None
 
     def absorb(self, other: CollectResult) -> None:
         """Add another collection's counts and errors to this one (trajectories are not merged)."""
@@ -79,12 +91,26 @@ class CollectResult:
         self.failed_episodes += other.failed_episodes
         self.episodes += other.episodes
         self.segments += other.segments
+        for cause, n in other.discarded.items():
+            self.discarded[cause] = self.discarded.get(cause, 0) + n
+
+    def discard(self, cause: str, ids: int) -> None:
+        """Count `ids` generated ids that reach no loss, for `cause` (one of DISCARD_CAUSES)."""
+        self.discarded[cause] = self.discarded.get(cause, 0) + int(ids)
 
     def metrics(self) -> dict[str, float]:
-        """rollout/* counts of failures, retries, dropped groups and extra segments."""
+        """rollout/* counts of failures, retries, dropped groups, extra segments, discarded ids
+        (rollout/discarded_tokens and one sub-key per cause) and the versions of the trained ids."""
         out = {f"rollout/failures_{kind}": float(n) for kind, n in self.failures.items()}
         out.update({"rollout/errors": float(len(self.errors)), "rollout/retries": float(self.retries), "rollout/failed_episodes": float(self.failed_episodes),
                     "rollout/dropped_groups": float(self.dropped_groups), "rollout/segments": float(self.segments)})
+        discarded = dict(self.discarded)
+        if self.handed_ids is not None:  # the trainer's own filters ran after the source handed them over
+            trained = sum(t.num_generated for t in self.trajectories)
+            discarded["filtered"] = discarded.get("filtered", 0) + max(0, self.handed_ids - trained)
+        out["rollout/discarded_tokens"] = float(sum(discarded.values()))
+        out.update({f"rollout/discarded_tokens/{cause}": float(n) for cause, n in discarded.items()})
+        out.update(provenance_metrics(self.trajectories, self.trained_version))
         return out
 
 
@@ -160,6 +186,7 @@ class _Episode:
     retries: int = 0
     out: list[Trajectory] | None = None
     done: bool = False
+    lost_ids: int = 0  # ids the engine returned to its failed attempts
 
     def sampling_task(self) -> Task:
         """The task of the current attempt: the same env seed, a fresh sampling seed per retry."""
@@ -283,6 +310,9 @@ class RolloutCollector:
         result.segments = sum(len(out) - 1 for out in kept)
         result.failed_episodes = sum(ep.out is None for ep in episodes)
         result.dropped_groups = len(failed_groups)
+        dropped = [ep.out for ep in episodes if ep.out is not None and ep.task.group_id in failed_groups]
+        result.discard("failed", sum(ep.lost_ids for ep in episodes)
+                       + sum(t.num_generated for out in dropped for t in out))
         for ep in episodes:
             result.errors += ep.errors
             result.retries += ep.retries
@@ -293,13 +323,15 @@ class RolloutCollector:
     async def _play(self, ep: _Episode) -> None:
         """Play the episode's attempts until one gives trajectories or the retries run out."""
         while not ep.done:
-            out, failure = await guarded(self._attempt(ep.sampling_task()), self.timeout)
+            llm = CountingClient(self.llm)
+            out, failure = await guarded(self._attempt(ep.sampling_task(), llm), self.timeout)
             if failure is not None:  # a crashed episode is recorded and retried, never fatal
+                ep.lost_ids += llm.decoded  # its replies reach no loss
                 ep.fail(*failure, self.max_retries)
             else:
                 ep.out, ep.done = out, True
 
-    async def _attempt(self, task: Task) -> list[Trajectory]:
+    async def _attempt(self, task: Task, llm: "LLMClient") -> list[Trajectory]:
         # The env is built inside the attempt's own task (wait_for runs it in a new one), so
         # clients that map episodes to envs by asyncio task see the pairing they expect.
         spec = self.tags[task.tag]
@@ -307,7 +339,7 @@ class RolloutCollector:
         versions = _engine_version(self.llm)
         try:
             guarded = GuardedEnv(env, bool(getattr(spec.agent, "per_answer_rewards", False)))
-            out = await contained(spec.agent.run_episode(task, guarded, self.llm))  # its sys.exit fails it
+            out = await contained(spec.agent.run_episode(task, guarded, llm))  # its sys.exit fails it
             after = _engine_version(self.llm)
             span = (versions, after) if versions is not None and after is not None else None
             problem = episode_problem(out, task, self.vocab_size, span)
@@ -326,6 +358,24 @@ class RolloutCollector:
             except BaseException as e:  # closing a broken env must not hide the episode's own outcome
                 if must_propagate(e):
                     raise
+
+
+class CountingClient:
+    """The engine as one episode attempt sees it: every call passes through, and the ids of the
+    replies it got are counted (a failed attempt's replies reach no loss: rollout/discarded_tokens)."""
+
+    def __init__(self, llm: Any) -> None:
+        self._llm = llm
+        self.decoded = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+    async def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        """The engine's completion of `prompt_ids`, its ids counted."""
+        completion = await self._llm.generate(prompt_ids, sampling)
+        self.decoded += len(getattr(completion, "token_ids", ()) or ())
+        return completion
 
 
 class InvalidEpisode(Exception):

@@ -88,10 +88,13 @@ class RolloutSource(Protocol):
 def fill_step(next_batch: Callable[[int], tuple[Groups, CollectResult, int]], need: int,
               keep: GroupFilter | None, max_batches: int,
               on_dropped: Callable[[int], None] = lambda n: None,
-              on_played: Callable[[Groups], None] = lambda groups: None) -> StepRollout:
+              on_played: Callable[[Groups], None] = lambda groups: None,
+              version: int | None = None) -> StepRollout:
     """Generation batches (`next_batch(attempt)` -> complete groups, counts, too-stale groups)
     until `need` groups pass `keep`; `on_dropped(n)` hears of groups the filter dropped,
-    `on_played(groups)` of every batch's groups before the filter (a curriculum's estimates)."""
+    `on_played(groups)` of every batch's groups before the filter (a curriculum's estimates).
+    The ids of groups the filter dropped, or played beyond `need`, count as discarded (filtered);
+    `version`: the policy version the step trains (for the result's staleness metrics)."""
     kept: Groups = []
     total = CollectResult([])
     dropped = stale = 0
@@ -104,14 +107,29 @@ def fill_step(next_batch: Callable[[int], tuple[Groups, CollectResult, int]], ne
         informative = keep(groups) if keep is not None else groups
         dropped += len(groups) - len(informative)
         on_dropped(len(groups) - len(informative))
+        total.discard("filtered", group_ids(groups) - group_ids(informative))
         kept += informative
         if len(kept) >= need:
             break
+    total.discard("filtered", group_ids(kept[need:]))
     kept = kept[:need]
     total.trajectories = [t for g in kept for t in g]
+    total.handed_ids, total.trained_version = group_ids(kept), version
     return StepRollout(kept, total, {"rollout/gen_batches": float(attempt + 1),
                                      "rollout/filtered_groups_equal": float(dropped),
                                      "rollout/stale_dropped_groups": float(stale)})
+
+
+def group_ids(groups: Groups) -> int:
+    """Generated ids of every trajectory of `groups`."""
+    return sum(t.num_generated for g in groups for t in g)
+
+
+def engine_discarded(engine: InferenceEngine) -> int:
+    """Ids the engine decoded for requests whose caller stopped waiting, since the last call
+    (0 for an engine that does not count them)."""
+    pop = getattr(engine, "pop_discarded_tokens", None)
+    return int(pop()) if callable(pop) else 0
 
 
 class OnPolicySource:
@@ -134,8 +152,10 @@ class OnPolicySource:
         """Fresh generation batches of the step's tasks."""
         def next_batch(attempt: int) -> tuple[Groups, CollectResult, int]:
             result = self.collector.collect(self.tasks.step(step, attempt))
+            result.discard("aborted", engine_discarded(self.engine))
             return groups_of(result.trajectories), result, 0
-        return fill_step(next_batch, self.tasks.n_groups, keep, max_batches, on_played=self.tasks.observe)
+        return fill_step(next_batch, self.tasks.n_groups, keep, max_batches, on_played=self.tasks.observe,
+                         version=version)
 
     def evaluate(self) -> CollectResult:
         """Play the evaluation tasks, then forget them."""
@@ -203,21 +223,28 @@ class StreamSource:
             result = CollectResult([])
             for group in ready:
                 result.absorb(group.result)
+            result.discard("stale", stream.pop_stale_ids())
+            result.discard("aborted", self._on_engine(lambda: engine_discarded(self.engine)))
             return [g.trajectories for g in ready if not g.failed], result, stale
-        return fill_step(next_batch, self.tasks.n_groups, keep, max_batches, on_dropped=stream.replace)
+        return fill_step(next_batch, self.tasks.n_groups, keep, max_batches, on_dropped=stream.replace,
+                         version=version)
 
     def evaluate(self) -> CollectResult:
         """Play the evaluation tasks where the engine lives, then forget them."""
         tasks = self.tasks.evaluation()
         if self.stream is None:
             result = self.collector.collect(tasks)
-        else:
-            result = self.stream.run(self.collector.acollect(tasks))
-        self._on_engine(lambda: forget_evaluation(self.engine))
-        return result
+            forget_evaluation(self.engine)
+            return result
+
+        async def evaluate() -> CollectResult:  # alone on the engine, between two batches of groups
+            played = await self.collector.acollect(tasks)
+            forget_evaluation(self.engine)
+            return played
+        return self.stream.between_batches(evaluate)
 
     def load_weights(self, weights: dict[str, Any]) -> int:
-        """Hand the weights to the engine's thread; they apply between two engine steps."""
+        """Hand the weights to the engine's thread; they apply at the end of the batch in flight."""
         if self.stream is None:
             return self.engine.load_weights(weights)
         return self.stream.load_weights(weights)
@@ -228,11 +255,16 @@ class StreamSource:
 
     def checkpoint(self) -> dict[str, Any]:
         """The engine's state and the stream's task-source position."""
-        def engine_state() -> dict[str, Any]:
+        if self.stream is None:
             self.engine.reset_prefix_cache()
-            return self.engine.state_dict()
-        return {"engine": self._on_engine(engine_state),
-                "stream": self.stream.state() if self.stream is not None else self._position}
+            return {"engine": self.engine.state_dict(), "stream": self._position}
+
+        async def forget() -> None:
+            self.engine.reset_prefix_cache()
+        # The prefixes are dropped between two batches (now, the batch in flight would keep them,
+        # or not, by how far it got); the state read now holds no prefix either way.
+        self.stream.post(forget)
+        return {"engine": self.stream.call(self.engine.state_dict), "stream": self.stream.state()}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Restore the engine's state; the stream will skip the groups already consumed."""

@@ -4,6 +4,10 @@ Training rollouts log under `env/<tag>/`, evaluation under `eval/<tag>/`: succes
 turns, the fraction truncated, and the mean of every numeric `info["metrics"]` entry the
 episodes reported (e.g. math_retry's `success_at_k`). Across tags, `rollout/truncated_<reason>`
 is the fraction of episodes that ended for each truncation reason.
+
+Provenance of the trained ids (`provenance_metrics`): every generated id carries the policy
+version that sampled it; a version below 0 is missing (unknown), never age 0: it is left out of
+the staleness and counted against `rollout/version_coverage`.
 """
 
 from __future__ import annotations
@@ -85,14 +89,36 @@ def truncation_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     return {f"rollout/truncated_{r}": _mean([float(x == r) for x in reasons]) for r in TRUNCATION_REASONS}
 
 
+def reply_versions(traj: Trajectory) -> list[set[int]]:
+    """The known policy versions (>= 0) of each reply of `traj` (a run of generated ids)."""
+    replies: list[set[int]] = []
+    inside = False
+    for version, generated in zip(traj.versions, traj.loss_mask):
+        if generated and not inside:
+            replies.append(set())
+        inside = bool(generated)
+        if generated and version >= 0:
+            replies[-1].add(version)
+    return replies
+
+
 def partial_replies(traj: Trajectory) -> int:
-    """Replies of `traj` whose ids were sampled under more than one policy version: a weight
-    update landed while they were generated (partial rollout, rollout.max_staleness >= 1)."""
-    count, seen = 0, set()
-    for version, generated in zip([*traj.versions, None], [*traj.loss_mask, 0]):
-        if generated:
-            seen.add(version)
-        elif seen:  # a reply's run of generated ids ends here
-            count += len(seen) > 1
-            seen = set()
-    return count
+    """Replies of `traj` whose ids were sampled under more than one (known) policy version: a
+    weight update landed while they were generated (partial rollout, rollout.max_staleness >= 1)."""
+    return sum(len(v) > 1 for v in reply_versions(traj))
+
+
+def provenance_metrics(trajs: list[Trajectory], version: int | None) -> dict[str, float]:
+    """Versions of the generated ids of `trajs`, trained at policy `version`:
+    `rollout/version_coverage` (share whose version is known; 1.0 with no ids),
+    `rollout/staleness_mean` and `_max` (token-weighted, known versions only, when `version` is
+    given) and `rollout/replies_spanning_versions` (share of replies sampled under more than one)."""
+    known = [v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m and v >= 0]
+    generated = sum(t.num_generated for t in trajs)
+    replies = [r for t in trajs for r in reply_versions(t)]
+    out = {"rollout/version_coverage": len(known) / generated if generated else 1.0,
+           "rollout/replies_spanning_versions": _mean([float(len(r) > 1) for r in replies])}
+    if version is not None and known:
+        lags = [version - v for v in known]
+        out.update({"rollout/staleness_mean": sum(lags) / len(lags), "rollout/staleness_max": float(max(lags))})
+    return out

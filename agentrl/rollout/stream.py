@@ -11,10 +11,19 @@ takes finished groups from it and pushes new weights to it. Three rules keep it 
   whose oldest generated id has version >= v - k; older ones are dropped (counted as stale), so
   no sample used at step t comes from a policy older than t - k, even for an episode that spans
   a weight update (every generated id carries the version that produced it).
-- **Streaming.** A step takes the first complete groups to arrive; long-tail episodes keep
-  going and serve a later step, within the bound.
-- **Weights between decode steps.** `load_weights` hands the new state to the loop thread,
-  where the engine applies it between two of its steps; episodes in flight continue with it.
+- **Streaming.** A step takes the groups in the order they finish; groups still playing serve
+  a later step, within the bound.
+- **A schedule of the config and seed, not of timing.** Groups start in batches: every group
+  the bound allows is started at once, and the batch is played to its end before anything
+  else changes what the engine does. What the trainer asks for that does (a weight push, places
+  handed on by dropped groups, an evaluation, dropping cached prefixes) waits for the end of the
+  batch in flight and is applied there, one request at a time, in the order the trainer made
+  them. So every batch starts at a known policy version, is played alone (the engine's batches,
+  the order its groups finish in, the ids they sample do not depend on how fast training runs),
+  and a run gives the same groups, ids and values on every runtime that plays a batch the same
+  way (the Ray runtime streams each env manager's finished groups back: runtime/ray/stream.py).
+  Generation still overlaps training: the batch a weight push started plays while the trainer
+  trains on the groups of the batch before it.
 
 Resume rule: the checkpoint records which groups were consumed (a watermark plus the consumed
 indices above it). A resumed run starts a fresh stream that skips those and regenerates every
@@ -28,7 +37,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +55,7 @@ class ReadyGroup:
     index: int  # position in the task source
     trajectories: list[Trajectory]  # empty when the group was dropped for failures
     result: CollectResult  # counts and errors of the group's collection
-    min_version: int  # oldest policy version among the group's generated ids
+    min_version: int | None  # oldest known policy version among the group's generated ids (None: none known)
 
     @property
     def failed(self) -> bool:
@@ -53,10 +63,22 @@ class ReadyGroup:
         return not self.trajectories
 
 
-def min_version(trajectories: list[Trajectory]) -> int:
-    """The oldest policy version that produced any generated id of the trajectories."""
-    versions = [v for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m]
-    return min(versions) if versions else -1
+def min_version(trajectories: list[Trajectory]) -> int | None:
+    """The oldest policy version that produced any generated id of the trajectories; None when
+    no id has a known one (a missing version, below 0, is unknown: neither old nor current)."""
+    versions = [v for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m and v >= 0]
+    return min(versions) if versions else None
+
+
+def generated_ids(trajectories: list[Trajectory]) -> int:
+    """Generated ids of the trajectories (what a dropped group throws away)."""
+    return sum(t.num_generated for t in trajectories)
+
+
+def is_stale(group: ReadyGroup, oldest: int) -> bool:
+    """Whether a finished group holds an id of a known version older than `oldest` (a failed
+    group is not stale: it keeps its place; ids of unknown version are never judged)."""
+    return not group.failed and group.min_version is not None and group.min_version < oldest
 
 
 class RolloutStream:
@@ -79,8 +101,11 @@ class RolloutStream:
         self._consumed_above = set(state["above"])
         self._next = self._watermark
         self._replaced = int(state["replaced"])
+        self._granted = self._replaced  # places handed on that the feeder has applied (at a batch's end)
+        self._events: deque[Callable[[], Awaitable[None]]] = deque()  # the trainer's requests, for the feeder
         self._started = 0
         self._ready: list[ReadyGroup] = []
+        self._stale_ids = 0  # generated ids of the groups dropped as too stale, since the last pop
         self._cond = threading.Condition()
         self._loop = asyncio.new_event_loop()
         self._wake: asyncio.Event | None = None
@@ -114,12 +139,19 @@ class RolloutStream:
                     self._check(watch)
                 group = self._ready.pop(0)
                 self._mark_consumed(group.index)
-                if not group.failed and group.min_version < version - self.max_lag:
+                if is_stale(group, version - self.max_lag):
                     stale += 1
+                    self._stale_ids += generated_ids(group.trajectories)
                     self._replace(1)
                 else:
                     taken.append(group)
         return taken, stale
+
+    def pop_stale_ids(self) -> int:
+        """Generated ids of the groups `take` dropped as too stale since the last call."""
+        with self._cond:
+            n, self._stale_ids = self._stale_ids, 0
+            return n
 
     def replace(self, n: int) -> None:
         """Let `n` more groups start in place of taken ones the trainer filtered out."""
@@ -127,23 +159,48 @@ class RolloutStream:
             self._replace(n)
 
     def load_weights(self, state_dict: dict) -> int:
-        """Hand new weights to the engine; they apply between two of its steps (this blocks until
-        then, so the caller may change its tensors afterwards); returns the new version."""
-        def apply() -> int:
+        """Hand new weights to the engine; they apply at the end of the batch in flight (this
+        blocks until then, so the caller may change its tensors afterwards); returns the new
+        version."""
+        async def apply() -> int:
             self.version = self.engine.load_weights(state_dict)
-            self._poke()
             return self.version
-        return self.call(apply)
+        return self.between_batches(apply)
+
+    def between_batches(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """Run `await fn()` on the loop thread once the batch in flight has ended (after the
+        requests made before it), and return its result: for what changes the engine's work."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        async def event() -> None:
+            try:
+                future.set_result(await fn())
+            except BaseException as e:  # the caller's to raise
+                future.set_exception(e)
+        self.post(event)
+        return self._wait(future, "the rollout thread has been busy with a batch of groups", feeder=True)
+
+    def post(self, event: Callable[[], Awaitable[None]]) -> None:
+        """Queue `await event()` for the end of the batch in flight, without waiting for it."""
+        with self._cond:
+            self._events.append(event)
+        self._loop.call_soon_threadsafe(self._poke)
 
     def run(self, coro: Coroutine) -> Any:
-        """Run a coroutine on the loop thread (e.g. an evaluation) and return its result."""
+        """Run a coroutine on the loop thread now, beside the batch in flight (what reads the
+        engine and changes nothing it generates), and return its result."""
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        watch = LoopWatch(self.collector.timeout, "the rollout thread has been busy with a request")
+        return self._wait(future, "the rollout thread has been busy with a request")
+
+    def _wait(self, future: concurrent.futures.Future, waiting: str, feeder: bool = False) -> Any:
+        watch = LoopWatch(self.collector.timeout, waiting)
         while True:
             try:
                 return future.result(timeout=WATCH_SECONDS)
             except concurrent.futures.TimeoutError:
                 self._check(watch)
+                if feeder and self._error is not None:  # the feeder stopped: nothing will run it
+                    raise self._error from None
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the loop thread, between two event-loop steps, and return its result."""
@@ -201,37 +258,49 @@ class RolloutStream:
         task.add_done_callback(self._tasks.discard)
 
     async def _feed(self) -> None:
-        """Start every group the staleness bound allows; sleep until it allows more."""
+        """Start every group the staleness bound allows as one batch and play it to its end; then
+        apply the trainer's next request (waiting for one), and so on."""
         try:
             while True:
                 with self._cond:
-                    limit = (self.version + self.k + 1) * self.G + self._replaced
+                    limit = (self.version + self.k + 1) * self.G + self._granted
                     starts = []
                     while self._next < limit:
                         if self._next not in self._consumed_above:
                             starts.append(self._next)
                         self._next += 1
                     self._started += len(starts)
-                for n in starts:
-                    self._spawn(self._play(n))
-                await self._wake.wait()
-                self._wake.clear()
+                if starts:
+                    await self._play(starts)
+                    continue
+                await (await self._next_event())()
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # surface in the trainer thread rather than hang it
             self._fail(e)
 
-    async def _play(self, n: int) -> None:
-        try:
-            result = await self.collector.acollect(self.group_tasks(n))
-            group = ReadyGroup(n, result.trajectories, result, min_version(result.trajectories))
+    async def _next_event(self) -> Callable[[], Awaitable[None]]:
+        assert self._wake is not None
+        while True:
             with self._cond:
-                self._ready.append(group)
-                self._cond.notify_all()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:
-            self._fail(e)
+                if self._events:
+                    return self._events.popleft()
+            await self._wake.wait()
+            self._wake.clear()
+
+    async def _play(self, starts: list[int]) -> None:
+        """Play groups `starts` together; each is ready as the collector hands it back."""
+        groups = [self.group_tasks(n) for n in starts]
+        astream = getattr(self.collector, "astream", None)  # a collector that plays batches itself (Ray's)
+        played = astream(groups) if astream is not None else play_groups(self.collector, groups)
+        try:
+            async for i, result in played:
+                group = ReadyGroup(starts[i], result.trajectories, result, min_version(result.trajectories))
+                with self._cond:
+                    self._ready.append(group)
+                    self._cond.notify_all()
+        finally:  # cancelled (the stream closes): the groups still playing stop now
+            await played.aclose()
 
     def _fail(self, e: BaseException) -> None:
         with self._cond:
@@ -245,6 +314,11 @@ class RolloutStream:
     # ------------------------------------------------------------------ bookkeeping (under _cond)
     def _replace(self, n: int) -> None:
         self._replaced += n
+
+        async def grant() -> None:
+            with self._cond:
+                self._granted += n
+        self._events.append(grant)  # (the caller holds _cond)
         self._loop.call_soon_threadsafe(self._poke)
 
     def _mark_consumed(self, index: int) -> None:
@@ -252,3 +326,29 @@ class RolloutStream:
         while self._watermark in self._consumed_above:
             self._consumed_above.discard(self._watermark)
             self._watermark += 1
+
+
+async def play_groups(collector: RolloutCollector, groups: list[list[Task]],
+                      first_attempt: int = 0) -> AsyncIterator[tuple[int, CollectResult]]:
+    """Play `groups` together, each as a task of its own; yields (position in `groups`, result)
+    in the order they finish (the stream's batch; an env manager's share of one on Ray)."""
+    done: asyncio.Queue = asyncio.Queue()
+
+    async def one(i: int, tasks: list[Task]) -> None:
+        try:
+            done.put_nowait((i, await collector.acollect(tasks, first_attempt), None))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            done.put_nowait((i, None, e))
+    running = [asyncio.get_running_loop().create_task(one(i, g)) for i, g in enumerate(groups)]
+    try:
+        for _ in groups:
+            i, result, error = await done.get()
+            if error is not None:
+                raise error
+            yield i, result
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)

@@ -186,8 +186,9 @@ class Trainer:
         return step.result, {**stats, **step.result.metrics(), **self._staleness(step.result.trajectories)}
 
     def _staleness(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """How many versions behind the trained policy each generated id is (never above max_staleness)."""
-        lags = [self.version - v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m]
+        """How many versions behind the trained policy each generated id of known version is (never
+        above max_staleness); an unknown version (< 0) is no age (rollout/version_coverage counts it)."""
+        lags = [self.version - v for t in trajs for v, m in zip(t.versions, t.loss_mask) if m and v >= 0]
         if not lags:
             return {}
         worst = max(lags)

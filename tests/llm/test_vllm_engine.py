@@ -345,6 +345,20 @@ def test_every_sync_passes_the_probe_and_vllm_labels_ids_with_its_version(server
 
 
 @needs_vllm
+def test_a_partial_rollout_run_on_vllm_loses_no_token_and_knows_every_version(streamed_run):
+    """Issue 44: the streamed run (the push pauses with mode=keep, replies in flight go on under the
+    new weights, vLLM labels each id) logs no discarded id, of any cause, and every version known."""
+    _, rows = streamed_run
+    assert len(rows) == STEPS
+    for r in rows:
+        assert r["rollout/discarded_tokens"] == 0.0, r
+        assert all(r[f"rollout/discarded_tokens/{c}"] == 0.0 for c in ("filtered", "stale", "failed", "aborted")), r
+        assert r["rollout/version_coverage"] == 1.0, r
+        assert 0.0 <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] <= 1.0
+        assert 0.0 <= r["rollout/replies_spanning_versions"] <= 1.0
+
+
+@needs_vllm
 def test_a_lora_run_pushes_adapters_vllm_then_generates_with(server, tmp_path):
     run_dir = tmp_path / "lora"
     rows = train(server, run_dir, "model.lora.rank=4", "model.lora.alpha=8", "actor.lr=0.05")

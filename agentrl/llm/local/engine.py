@@ -155,6 +155,12 @@ class LocalEngine:
         """perf/engine_* metrics since the last call (the counters restart)."""
         return self.stats.pop()
 
+    def pop_discarded_tokens(self) -> int:
+        """Ids decoded for requests whose caller stopped waiting, since the last call
+        (rollout/discarded_tokens/aborted)."""
+        n, self.stats.discarded_tokens = self.stats.discarded_tokens, 0
+        return n
+
     def close(self) -> None:
         """Abort what is queued or running (at the next step) and drop cached prefixes when idle;
         later requests fail with EngineError."""
@@ -373,6 +379,8 @@ class LocalEngine:
                 _resolve(req, Completion([], [], "abort", self.policy_version, []))
         for seq in list(self.sched.active):
             if abort or seq.request.future.done():
+                if seq.request.future.done():  # no one takes its ids: they reach no loss
+                    self.stats.discarded_tokens += len(seq.request.out)
                 seq.request.finish = "abort"
                 self._finish(seq)
 

@@ -23,6 +23,9 @@ class EngineStats:
     peak_running: int = 0  # most sequences running in one step
     peak_kv_tokens: int = 0  # most tokens counted against max_total_tokens at once
     seconds: float = 0.0
+    # Ids decoded for requests whose caller stopped waiting (an episode cancelled mid-reply):
+    # read by the rollout source (`LocalEngine.pop_discarded_tokens`), so `pop` keeps it
+    discarded_tokens: int = 0
 
     def pop(self) -> dict[str, float]:
         """Return perf/* metrics and reset."""
@@ -37,5 +40,5 @@ class EngineStats:
             "perf/engine_mean_decode_batch": (self.decode_rows / self.decode_passes
                                               if self.decode_passes else 0.0),
         }
-        self.__init__()
+        self.__init__(discarded_tokens=self.discarded_tokens)
         return out

@@ -168,9 +168,11 @@ class EngineActor:
         """The engine's perf/engine_* counters."""
         return self.engine.pop_metrics()
 
-    async def state(self) -> dict[str, Any]:
-        """The engine's checkpoint state, cached prefixes dropped first."""
-        self.engine.reset_prefix_cache()
+    async def state(self, reset: bool = True) -> dict[str, Any]:
+        """The engine's checkpoint state, cached prefixes dropped first (`reset`; an asynchronous
+        run drops them between two batches of groups instead: rollout/stream.py)."""
+        if reset:
+            self.engine.reset_prefix_cache()
         return self.engine.state_dict()
 
     async def restore(self, state: dict[str, Any]) -> None:

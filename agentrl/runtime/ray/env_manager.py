@@ -6,9 +6,11 @@ against the inference servers of engine.kind=remote / vllm (runtime/ray/served.p
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from agentrl.rollout.collector import CollectResult
+from agentrl.rollout.stream import play_groups
 from agentrl.runtime.build.envs import bind, import_user_modules, make_budget, make_collector
 from agentrl.runtime.ray.engine_client import RayEngineClient
 from agentrl.runtime.ray.engine_http import HttpEngineClient
@@ -52,6 +54,13 @@ class EnvManagerActor:
         """Play `tasks` (whole groups) to the end; `first_attempt` > 0 replays tasks whose
         earlier attempts died with a previous incarnation of this actor."""
         return await self.collector.acollect(tasks, first_attempt)
+
+    async def play_groups(self, groups: list[list[Task]],
+                          first_attempt: int = 0) -> AsyncIterator[tuple[int, CollectResult]]:
+        """Play `groups` together (a batch of the asynchronous stream, rollout/stream.py); yields
+        (position in `groups`, result) as each group ends, in the order they end."""
+        async for item in play_groups(self.collector, groups, first_attempt):
+            yield item
 
     async def set_policy_version(self, version: int, model: str | None = None) -> None:
         """The version trainer rank 0 last pushed to the servers (engine.kind=remote / vllm): a client

@@ -70,6 +70,7 @@ class _Job:
     result: CollectResult | None = None  # counts of the attempts lost with a dead manager
     ref: Any = None
     deadline: float = 0.0  # while waiting for a restart
+    groups: list[list[Task]] | None = None  # streamed: the groups of `tasks`, each handed back as it ends
 
 
 class RaySource:
@@ -116,7 +117,8 @@ class RaySource:
         def next_batch(attempt: int) -> tuple[Groups, CollectResult, int]:
             result = self._play(self.tasks.step(step, attempt))
             return groups_of(result.trajectories), result, 0
-        return fill_step(next_batch, self.tasks.n_groups, keep, max_batches, on_played=self.tasks.observe)
+        return fill_step(next_batch, self.tasks.n_groups, keep, max_batches, on_played=self.tasks.observe,
+                         version=version)
 
     def evaluate(self) -> CollectResult:
         """Play the evaluation tasks, then make every replica forget them."""
@@ -176,7 +178,7 @@ class RaySource:
                                    if k != "replicas"}) for i, e in enumerate(self.engines)])
         self._version = int(engine["policy_version"])
 
-    def _on_engines(self, method: str) -> list[Any]:
+    def _on_engines(self, method: str, *args: Any) -> list[Any]:
         """`method` of every replica, once each is up and serves the current weights (a restarted
         one is given them first; one that will not come back is an error)."""
         import ray
@@ -184,7 +186,7 @@ class RaySource:
         deadline = time.monotonic() + self.restart_timeout
         while True:
             self._heal_engines()
-            refs = [getattr(e, method).remote() for e in self.engines]
+            refs = [getattr(e, method).remote(*args) for e in self.engines]
             try:
                 return ray.get(refs)
             except ray.exceptions.ActorDiedError as e:
@@ -232,7 +234,11 @@ class RaySource:
     def _submit(self, job: _Job) -> None:
         if self.served is not None:  # its client stamps ids with it where the servers do not (called in order)
             self.managers[job.manager].set_policy_version.remote(self._version, self.served.request_model())
-        job.ref = self.managers[job.manager].collect.remote(job.tasks, job.attempt)
+        manager = self.managers[job.manager]
+        if job.groups is not None:  # runtime/ray/stream.py: a generator of (position, result)
+            job.ref = manager.play_groups.options(num_returns="streaming").remote(job.groups, job.attempt)
+        else:
+            job.ref = manager.collect.remote(job.tasks, job.attempt)
         job.deadline = 0.0
 
     def _step_jobs(self, jobs: list[_Job]) -> None:
