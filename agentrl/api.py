@@ -23,13 +23,16 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl import config as config_module
 from agentrl.config import Config, save_config
 from agentrl.errors import ConfigError
 from agentrl.registry import AGENTS, ENVS, Registry
 from agentrl.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from agentrl.runtime.handle import RunHandle
 
 ConfigSource = Config | Mapping[str, Any] | str | Path | None
 
@@ -138,7 +141,8 @@ class AgentTrainer:
         unknown = [k for k in kwargs if k not in VERL_ARGS]
         if unknown:
             raise ConfigError(f"AgentTrainer: unknown argument '{unknown[0]}'; accepted: config, tokenizer, "
-                              f"agent_cls, env_cls, overrides, resume, overwrite, log (and verl's {', '.join(VERL_ARGS)}, ignored)")
+                              "agent_cls, env_cls, overrides, resume, overwrite, log "
+                              f"(and verl's {', '.join(VERL_ARGS)}, ignored)")
         if kwargs:
             log(f"AgentTrainer: ignoring {', '.join(kwargs)} (verl's Ray workers and reward functions: agentrl "
                 "places its parts by the config's runtime section (runtime.kind=ray: Ray actors) and takes rewards "
@@ -148,7 +152,7 @@ class AgentTrainer:
         self.resume = resume
         self.overwrite = overwrite
         self.log = log
-        self.trainer = None
+        self.trainer: RunHandle | None = None  # built by init_workers(), spent by fit()
         self._run = ExitStack()
 
     def init_workers(self) -> None:
@@ -166,5 +170,6 @@ class AgentTrainer:
         if self.trainer is None:
             self.init_workers()
         trainer, self.trainer = self.trainer, None  # a fitted trainer is spent; fit() again rebuilds
+        assert trainer is not None  # set by init_workers() (open_run returns a handle or raises)
         with self._run:
             return trainer.fit(resume=self.resume)

@@ -152,7 +152,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     import json
 
     from agentrl.config import load_config
-    from agentrl.runtime.plan import plan
+    from agentrl.runtime.assembly.plan import plan
 
     path, overrides = _split_config(ns.args, ns.config_path, ns.config_name)
     run_plan = plan(load_config(path, overrides))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 # The variables that set the Hub's offline mode; a user who sets either (to any value) decides.
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -23,7 +24,7 @@ def offline() -> None:
     if any(name in os.environ for name in OFFLINE_VARIABLES):
         return
     os.environ["HF_HUB_OFFLINE"] = "1"
-    constants = sys.modules.get("huggingface_hub.constants")
+    constants: Any = sys.modules.get("huggingface_hub.constants")  # a module: its names are huggingface_hub's
     if constants is not None:  # it reads the variable once, at import: one imported earlier is told here
         constants.HF_HUB_OFFLINE = True
 

@@ -14,10 +14,13 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.atomic import write_atomic
 from agentrl.errors import ConfigError
+
+if TYPE_CHECKING:  # tqdm is imported where a bar is made (see above)
+    from tqdm import tqdm
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 JSONL_NAME, SUMMARY_NAME = "metrics.jsonl", "summary.json"
@@ -91,7 +94,8 @@ class MetricsLogger:
             from agentrl.wandb_sink import WandbSink
 
             self._wandb = WandbSink(self.run_dir, run_name, run_config, resume=resume_from_step is not None)
-        self._bar, self._postfix = None, {}
+        self._bar: tqdm[Any] | None = None
+        self._postfix: dict[str, str] = {}  # the bar's last shown values, by name
         if show_progress and "console" in loggers:
             from tqdm import tqdm
 
@@ -129,20 +133,20 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(row)
         if self._bar is not None:
-            self._advance_bar(row)
+            self._advance_bar(self._bar, row)
 
-    def _advance_bar(self, row: dict) -> None:
+    def _advance_bar(self, bar: tqdm[Any], row: dict) -> None:
         # Merge into the last shown values, so a row without one (eval-only) keeps the other.
         self._postfix.update({name: f"{row[key]:.2f}" for name, key in
                               (("reward", "reward/mean"), ("success", "rollout/success")) if key in row})
         if self._postfix:
-            self._bar.set_postfix(self._postfix, refresh=False)
+            bar.set_postfix(self._postfix, refresh=False)
         # Move to `step` rather than +1 per call: eval rows share a step with a train row.
-        delta = row["step"] - self._bar.n
+        delta = row["step"] - bar.n
         if delta > 0:
-            self._bar.update(delta)
+            bar.update(delta)
         else:
-            self._bar.refresh()
+            bar.refresh()
 
     def history(self) -> list[dict]:
         """Rows logged so far by this process."""
@@ -150,18 +154,11 @@ class MetricsLogger:
 
     def close(self) -> None:
         """Close the bar, the jsonl file, the TensorBoard writer and the W&B run (safe to call twice)."""
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        if self._wandb is not None:
-            self._wandb.close()
-            self._wandb = None
+        for name in ("_bar", "_file", "_writer", "_wandb"):
+            sink = getattr(self, name)
+            if sink is not None:
+                sink.close()
+                setattr(self, name, None)
 
     def __enter__(self) -> MetricsLogger:
         return self

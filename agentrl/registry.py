@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 from agentrl.errors import RegistryError, did_you_mean, shown
 
@@ -21,8 +21,17 @@ class Registry(Generic[T]):
         self.kind = kind
         self._items: dict[str, T] = {}
 
-    def register(self, name: str, item: T, *, overwrite: bool = False) -> T:
-        """Add `item` under `name`; re-registering a name raises unless `overwrite`."""
+    @overload
+    def register(self, name: str, item: T, *, overwrite: bool = False) -> T: ...
+
+    @overload
+    def register(self, name: str, item: None = None, *, overwrite: bool = False) -> Callable[[T], T]: ...
+
+    def register(self, name: str, item: T | None = None, *, overwrite: bool = False) -> T | Callable[[T], T]:
+        """Add `item` under `name` and return it; without `item`, a decorator that adds what it
+        decorates (`@ENVS.register("name")`). Re-registering a name raises unless `overwrite`."""
+        if item is None:
+            return lambda f: self.register(name, f, overwrite=overwrite)
         if not isinstance(name, str) or not name:
             raise RegistryError(f"{self.kind} name must be a non-empty string, got {name!r}")
         if name in self._items and self._items[name] is not item and not overwrite:
@@ -57,47 +66,20 @@ ESTIMATORS: Registry[Callable] = Registry("advantage estimator")
 POLICY_LOSSES: Registry[Callable] = Registry("policy loss mode")
 CURRICULUM_RULES: Registry[Callable] = Registry("curriculum rule")  # rule(estimate, seen, group_size) -> weight
 TOOLS: Registry = Registry("tool")  # name -> agentrl.tools.Tool, filled by the @tool decorator
+# engine.kind -> an EngineKind class (runtime/assembly/engine_kinds/; the plan makes one per run)
+ENGINE_KINDS: Registry[type] = Registry("engine kind")
 
 
-def register_env(name: str, factory: Callable | None = None, *, overwrite: bool = False):
-    """Register an env class/factory under `name` (usable as a decorator)."""
-    if factory is None:
-        return lambda f: ENVS.register(name, f, overwrite=overwrite)
-    return ENVS.register(name, factory, overwrite=overwrite)
-
-
-def register_agent(name: str, factory: Callable | None = None, *, overwrite: bool = False):
-    """Register an agent class/factory under `name` (usable as a decorator)."""
-    if factory is None:
-        return lambda f: AGENTS.register(name, f, overwrite=overwrite)
-    return AGENTS.register(name, factory, overwrite=overwrite)
-
-
-def register_environment(name: str, factory: Callable | None = None, *, overwrite: bool = False):
-    """AReaL's name for `register_env` (the seeds' `register_environment("my-env", MyEnv)`)."""
-    return register_env(name, factory, overwrite=overwrite)
-
-
-def register_estimator(name: str, fn: Callable | None = None, *, overwrite: bool = False):
-    """Register an advantage estimator under `name` (usable as a decorator)."""
-    if fn is None:
-        return lambda f: ESTIMATORS.register(name, f, overwrite=overwrite)
-    return ESTIMATORS.register(name, fn, overwrite=overwrite)
-
-
-def register_policy_loss(name: str, fn: Callable | None = None, *, overwrite: bool = False):
-    """Register a policy loss (actor.policy_loss.loss_mode) under `name` (usable as a decorator)."""
-    if fn is None:
-        return lambda f: POLICY_LOSSES.register(name, f, overwrite=overwrite)
-    return POLICY_LOSSES.register(name, fn, overwrite=overwrite)
-
-
-def register_curriculum_rule(name: str, fn: Callable | None = None, *, overwrite: bool = False):
-    """Register a curriculum rule (rollout.curriculum.rule) under `name` (usable as a decorator):
-    `fn(estimate: float, seen: int, group_size: int) -> float`, a seen task's weight in the draws."""
-    if fn is None:
-        return lambda f: CURRICULUM_RULES.register(name, f, overwrite=overwrite)
-    return CURRICULUM_RULES.register(name, fn, overwrite=overwrite)
+# The names users call: each registry's own `register`, a decorator when given only a name.
+register_env = ENVS.register  # an env class/factory (env.type)
+register_environment = ENVS.register  # AReaL's name for register_env (the seeds' register_environment("my-env", MyEnv))
+register_agent = AGENTS.register  # an agent class/factory (agent.type)
+register_estimator = ESTIMATORS.register  # an advantage estimator (algorithm.adv_estimator)
+register_policy_loss = POLICY_LOSSES.register  # a policy loss (actor.policy_loss.loss_mode)
+# A curriculum rule (rollout.curriculum.rule): `fn(estimate: float, seen: int, group_size: int) -> float`,
+# a seen task's weight in the draws.
+register_curriculum_rule = CURRICULUM_RULES.register
+register_engine_kind = ENGINE_KINDS.register  # an engine kind: an EngineKind subclass (engine.kind)
 
 
 # The modules that register the built-ins, listed once: the runtime, the env checker and the
@@ -106,7 +88,7 @@ BUILTIN_MODULES = ("agentrl.envs.frozen_lake", "agentrl.envs.sokoban", "agentrl.
                    "agentrl.envs.products", "agentrl.envs.multihop", "agentrl.envs.wait_walk",
                    "agentrl.envs.reasoning_gym", "agentrl.agents.chat", "agentrl.agents.math_retry",
                    "agentrl.agents.openai", "agentrl.agents.tool", "agentrl.algos.advantages",
-                   "agentrl.algos.policy_losses")
+                   "agentrl.algos.policy_losses", "agentrl.runtime.assembly.engine_kinds")
 
 
 def load_builtins() -> None:
@@ -142,6 +124,8 @@ def import_file(path: Path) -> ModuleType:
     if found is not None and _origin(found.origin) != path:
         raise ImportError(f"{path} would be module '{name}', the name of {_shown(found.origin)}; rename the file")
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # only for a path no file loader handles; is_file() was checked
+        raise ImportError(f"{path} cannot be imported as a Python file")
     sys.modules[name] = module = importlib.util.module_from_spec(spec)
     FILE_MODULES.add(name)
     try:

@@ -24,9 +24,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from agentrl.atomic import write_atomic
 from agentrl.dumps import dump_path, list_dumps, read_dump
 from agentrl.errors import AgentRLError
-from agentrl.atomic import write_atomic
 from agentrl.metrics import JSONL_NAME, read_jsonl
 
 PAGE_NAME = "view.html"
@@ -145,7 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the standard library's parameter name)
         pass  # quiet: the terminal shows the URL, not a line per request
 
 

@@ -41,14 +41,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agentrl.agents.chat import turn_sampling
+from agentrl.agents.loop import turn_sampling
 from agentrl.config import load_config
 from agentrl.llm.conversation import Conversation
 from agentrl.metrics import read_jsonl
 from agentrl.registry import register_env
 from agentrl.rollout.collector import CollectResult
 from agentrl.rollout.tasks import make_tasks
-from agentrl.runtime.build.trainer import build_trainer
+from agentrl.runtime.assembly.trainer import build_trainer
 from agentrl.runtime.local import train
 from agentrl.trajectory import Task, Trajectory
 

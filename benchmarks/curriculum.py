@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agentrl.config import load_config
 from agentrl.metrics import read_jsonl
-from agentrl.runtime.build.trainer import build_trainer
+from agentrl.runtime.assembly.trainer import build_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("frozen_lake_random", "sokoban")

@@ -34,9 +34,9 @@ from agentrl.metrics import read_jsonl
 from agentrl.models.embedded import cache_root, tiny_cache_key
 from agentrl.registry import load_builtins, register_env
 from agentrl.rollout.tasks import EVAL_SEED_BASE
-from agentrl.runtime.build.policy import load_policy
+from agentrl.runtime.assembly.policy import load_policy
 from agentrl.runtime.local import train
-from agentrl.runtime.plan import plan
+from agentrl.runtime.assembly.plan import plan
 from agentrl.runtime.ray.scale_file import request_scale
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -57,9 +57,9 @@ from agentrl.models.loading import load_pretrained  # noqa: E402
 from agentrl.models.qwen_shape import QWEN_SHAPES, build_qwen_shaped  # noqa: E402
 from agentrl.registry import load_builtins  # noqa: E402
 from agentrl.rollout.tasks import make_tasks  # noqa: E402
-from agentrl.runtime.build.envs import make_env_factories  # noqa: E402
-from agentrl.runtime.build.learners import build_learners  # noqa: E402
-from agentrl.runtime.plan import plan  # noqa: E402
+from agentrl.runtime.assembly.envs import make_env_factories  # noqa: E402
+from agentrl.runtime.assembly.learners import build_learners  # noqa: E402
+from agentrl.runtime.assembly.plan import plan  # noqa: E402
 from agentrl.runtime.process import seed_everything  # noqa: E402
 from agentrl.train.actor import Actor  # noqa: E402
 from agentrl.train.batch import micro_batches, pack  # noqa: E402

@@ -44,9 +44,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 from agentrl.config import load_config  # noqa: E402
-from agentrl.runtime.build.learners import build_learners  # noqa: E402
-from agentrl.runtime.build.trainer import build_parts  # noqa: E402
-from agentrl.runtime.plan import plan  # noqa: E402
+from agentrl.runtime.assembly.learners import build_learners  # noqa: E402
+from agentrl.runtime.assembly.trainer import build_parts  # noqa: E402
+from agentrl.runtime.assembly.plan import plan  # noqa: E402
 from agentrl.train.batch import pack  # noqa: E402
 
 WORKLOADS = {

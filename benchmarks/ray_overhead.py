@@ -42,9 +42,9 @@ from agentrl.config import load_config
 from agentrl.metrics import read_jsonl
 from agentrl.models.embedded import cache_root, tiny_cache_key
 from agentrl.registry import load_builtins
-from agentrl.runtime.build.policy import load_policy
+from agentrl.runtime.assembly.policy import load_policy
 from agentrl.runtime.local import train
-from agentrl.runtime.plan import plan
+from agentrl.runtime.assembly.plan import plan
 from agentrl.runtime.ray.weight_sync import make_transport
 
 ROOT = Path(__file__).resolve().parents[1]

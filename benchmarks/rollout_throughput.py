@@ -66,10 +66,10 @@ from agentrl.models.tiny import build_model, build_tokenizer  # noqa: E402
 from agentrl.rollout.collector import RolloutCollector  # noqa: E402
 from agentrl.rollout.demos import corpus  # noqa: E402
 from agentrl.rollout.tasks import make_tasks  # noqa: E402
-from agentrl.runtime.build.envs import make_agent, make_env_factories, tag_plans  # noqa: E402
-from agentrl.runtime.build.policy import load_policy  # noqa: E402
+from agentrl.runtime.assembly.envs import make_agent, make_env_factories, tag_plans  # noqa: E402
+from agentrl.runtime.assembly.policy import load_policy  # noqa: E402
 from agentrl.runtime.process import seed_everything  # noqa: E402
-from agentrl.runtime.plan import plan  # noqa: E402
+from agentrl.runtime.assembly.plan import plan  # noqa: E402
 
 TAG = "frozen_lake"  # the default config's one env, tagged by its type
 

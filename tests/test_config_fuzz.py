@@ -22,8 +22,9 @@ from typing import Any, Literal
 
 import pytest
 
-import agentrl.runtime.build.policy as policy
-import agentrl.runtime.build.trainer as building
+import agentrl.runtime.assembly.policy as policy
+import agentrl.runtime.assembly.trainer as building
+import agentrl.warm_start.recipe as recipe
 from agentrl.config import Config, load_config
 from agentrl.config.loading import _field_types
 from agentrl.errors import AgentRLError
@@ -166,7 +167,7 @@ def no_model(monkeypatch):
     def tripwire(*args, **kwargs):
         raise AssertionError("the model was about to be built: this check runs too late")
     monkeypatch.setattr(policy, "load_policy", tripwire)
-    monkeypatch.setattr(policy, "build_tiny", tripwire)
+    monkeypatch.setattr(recipe, "build_tiny", tripwire)
 
 
 def _field_in(message: str, key: str) -> bool:
@@ -374,7 +375,7 @@ def test_duplicate_yaml_keys_are_an_error_naming_key_and_file(tmp_path):
 class _NeedsRealTokenizer:
     """An agent whose constructor uses more of the tokenizer than the pre-model check's stand-in has."""
 
-    def __init__(self, tokenizer, sampling, max_turns, system_prompt=None, scale: float = 1.0):
+    def __init__(self, tokenizer, sampling, max_turns, system_prompt=None, budget=None, scale: float = 1.0):
         self.vocab = len(tokenizer)  # TypeError on the stand-in: not the arguments' fault
         self.scale = scale
 
@@ -391,3 +392,21 @@ def test_an_agent_the_stand_in_cannot_build_is_left_to_the_real_build(tmp_path, 
     cfg = load_config(None, ["agent.type=needs_real_tokenizer", "agent.args.scale=2.0", f"run_dir={tmp_path}"])
     with pytest.raises(Reached):
         building.build_trainer(cfg, tmp_path, log=lambda m: None)
+
+
+class _NoBudget:
+    """An agent whose constructor does not take `budget`."""
+
+    def __init__(self, tokenizer, sampling, max_turns, system_prompt=None):
+        self.tokenizer = tokenizer
+
+
+def test_an_agent_whose_constructor_takes_no_budget_is_one_line_before_the_model(tmp_path, no_model):
+    from agentrl.registry import register_agent
+
+    register_agent("no_budget", _NoBudget, overwrite=True)
+    cfg = load_config(None, ["agent.type=no_budget", f"run_dir={tmp_path}"])
+    with pytest.raises(AgentRLError, match=r"^agent\.type: agent type 'no_budget' \(_NoBudget\) cannot be built: "
+                                           r"its constructor must accept `budget`") as err:
+        building.build_trainer(cfg, tmp_path, log=lambda m: None)
+    assert "\n" not in str(err.value)

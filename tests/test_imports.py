@@ -39,7 +39,13 @@ FORBIDDEN = {
     "health": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "config", "torch"},
     "viewer": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "torch"},
     "wandb_sink": {"algos", "envs", "agents", "llm", "rollout", "train", "runtime", "models", "cli", "torch"},
+    # the warm start trains the embedded model on demonstrations played through the run's collector:
+    # it reads the plan and the collector from runtime/assembly/, whose policy.py calls it once
+    "warm_start": {"cli"},
 }
+# ... and sits above the loop: no layer below the runtime imports it
+for _layer in ("algos", "envs", "llm", "agents", "tools", "rollout", "train", "models", "config"):
+    FORBIDDEN[_layer] = FORBIDDEN[_layer] | {"warm_start"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -235,16 +241,19 @@ def test_type_hints_close_no_circle_but_the_known_ones():
 
 # Rooms inside a package import its top (llm/engine.py, conversation.py, weights.py; runtime/process.py),
 # never a sibling room: the in-process engine, the server and the client of servers stand alone, and
-# runtime/build/ knows nothing of the runtimes that place what it builds. One arrow between rooms is
+# runtime/assembly/ knows nothing of the runtimes that place what it builds. One arrow between rooms is
 # the rule's one exception: vLLM's engine (llm/vllm/) generates through the client of servers, and
-# the client knows nothing of vLLM's engine.
+# the client knows nothing of vLLM's engine. The warm start (warm_start/) is a room of runtime/assembly/'s
+# kind: it knows nothing of the runtimes either.
 ROOMS = {
     "agentrl.llm.local": ("agentrl.llm.server", "agentrl.llm.remote", "agentrl.llm.vllm"),
     "agentrl.llm.server": ("agentrl.llm.local", "agentrl.llm.remote", "agentrl.llm.vllm"),
     "agentrl.llm.remote": ("agentrl.llm.local", "agentrl.llm.server", "agentrl.llm.vllm"),
     "agentrl.llm.vllm": ("agentrl.llm.local", "agentrl.llm.server"),
-    "agentrl.runtime.build": ("agentrl.runtime.ray", "agentrl.runtime.local", "agentrl.runtime.serving",
+    "agentrl.runtime.assembly": ("agentrl.runtime.ray", "agentrl.runtime.local", "agentrl.runtime.serving",
                               "agentrl.runtime.export"),
+    "agentrl.warm_start": ("agentrl.runtime.ray", "agentrl.runtime.local", "agentrl.runtime.serving",
+                           "agentrl.runtime.export"),
 }
 
 

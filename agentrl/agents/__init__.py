@@ -1,4 +1,5 @@
-"""Agents own the conversation (contract in base.py); the runtime imports the built-in ones.
+"""Agents own the conversation (contract in base.py); the runtime imports the built-in ones; chat,
+math_retry and tool play one episode loop (loop.py) with hooks of their own.
 
 The seeds' (AReaL legacy) names are here too, imported lazily (seed_api.py, compat.py): `Agent` (the
 queue-style base with `collect_trajectory`; our own contract is `agents.base.Agent`),

@@ -14,7 +14,7 @@ class Agent(Protocol):
     """Runs one episode: decides what the model sees and how a reply becomes an action.
 
     The runtime builds a registered agent class as `cls(tokenizer=, sampling=, max_turns=,
-    system_prompt=, budget=, **agent.args)` (`budget`, a `TokenBudget`, only when the
+    system_prompt=, budget=, **agent.args)` (`budget`: a `TokenBudget`, or None; every
     constructor takes it). A registered class with `collect_trajectory` and no `run_episode`
     of its own, or any subclass of the seeds' `agentrl.Agent` (agents/seed_api.py), is a
     seed-style agent and runs through `agents/compat.py` instead.

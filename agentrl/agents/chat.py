@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any
 
+from agentrl.agents.loop import Episode, TurnAgent, check_max_turns, start_conversation
 from agentrl.envs.base import Env
 from agentrl.errors import ConfigError
 from agentrl.llm.conversation import Conversation, TokenBudget
@@ -13,7 +14,7 @@ from agentrl.tokenizer import Tokenizer
 from agentrl.trajectory import Task, TokenRecord, Trajectory
 
 
-class ChatAgent:
+class ChatAgent(TurnAgent):
     """Instructions + first observation as the first user message, each later observation as
     the next user message, until the env terminates or truncates or `max_turns` is reached.
 
@@ -35,158 +36,81 @@ class ChatAgent:
     def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
                  history_length: int | None = None) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        check_max_turns(max_turns)
         if history_length is not None and (isinstance(history_length, bool) or not isinstance(history_length, int)
                                            or history_length < 0):
             raise ConfigError(f"agent.args.history_length={history_length!r}: expected an int >= 0 (turns kept "
                               "in each prompt), or null for the whole episode in one sequence")
+        super().__init__(tokenizer, sampling, max_turns, system_prompt, budget)
         self.history_length = history_length
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.max_turns = max_turns
-        self.system_prompt = system_prompt
-        self.budget = budget or TokenBudget()
-        self.eos_token_ids = (tokenizer.eos_token_id,)
 
-    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
+    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory | list[Trajectory]:
         """Play one episode of `env` seeded by the task."""
         obs, _ = await env.reset(seed=task.env_seed)
-        instructions = getattr(env, "instructions", "")  # optional, as close and sample_action are
-        if self.history_length is not None:
-            return await self._run_windowed(task, env, llm, instructions, obs)
-        conv = start_conversation(self.tokenizer, self.system_prompt, f"{instructions}\n{obs}" if instructions else obs)
-        info: dict = {}
-        invalid = cut_off = 0
-        terminated = truncated = False
-        reason: str | None = "max_turns"
-        states = []
-        observed = None  # mark before the latest observation, taken back if no reply can follow it
-        for turn in range(self.max_turns):
-            reply, stop = await take_turn(conv, llm, task, turn, self, undo=observed)
-            if stop:
-                reason = stop
-                break
-            states.append(obs)
-            if reply is None:  # cut off at max_new_tokens: no answer
-                cut_off += 1
-                reply = ""
-            obs, reward, terminated, truncated, step_info = await env.step(reply)
-            conv.set_turn_reward(reward)
-            invalid += int(not step_info.get("action_valid", True))
-            if terminated or truncated:
-                info = dict(step_info)
-                reason = None if terminated else "env"
-                break
-            observed = conv.mark()
-            conv.add_message("user", obs)
-        if self.budget.context:
-            conv.trim(self.budget.context)  # a reply that filled the context still gets its closing
-        return Trajectory.from_record(conv.record, task, states, success=bool(info.pop("success", False)),
-                                      terminated=bool(terminated), truncation_reason=reason, info=info,
-                                      invalid_actions=invalid, truncated_replies=cut_off)
+        episode = Episode if self.history_length is None else WindowedEpisode
+        return await episode(self, task, env, llm, obs).play()
 
-    async def _run_windowed(self, task: Task, env: Env, llm: LLMClient, instructions: str,
-                            obs: str) -> Trajectory | list[Trajectory]:
-        """The episode as one sequence per turn, each prompt holding the last `history_length` turns."""
-        past: list[tuple[str, list[int]]] = []  # (observation, reply ids) of each turn played
-        turns: list[tuple[TokenRecord, str, int]] = []  # (record, observation, cut off?) per turn
-        rewards: list[float] = []
-        info: dict = {}
-        invalid = generated = 0
-        terminated = False
-        reason: str | None = "max_turns"
-        for turn in range(self.max_turns):
-            window = past[len(past) - self.history_length:] if self.history_length else []
-            conv = self._window(instructions, window, obs)
-            reply, stop = await take_turn(conv, llm, task, turn, self, generated=generated)
-            if stop:
-                reason = stop
-                if not turns:  # no room for a first reply: the prompt alone, as ChatAgent's
-                    turns.append((conv.record, obs, 0))
-                break
-            if self.budget.context:
-                conv.trim(self.budget.context)  # a reply that filled the context still gets its closing
-            ids = [i for i, m in zip(conv.token_ids, conv.loss_mask) if m]
-            generated += len(ids)
-            turns.append((conv.record, obs, int(reply is None)))
-            past.append((obs, ids))
-            obs, reward, terminated, truncated, step_info = await env.step(reply or "")
-            rewards.append(float(reward))
-            invalid += int(not step_info.get("action_valid", True))
-            if terminated or truncated:
-                info = dict(step_info)
-                reason = None if terminated else "env"
-                break
-        success = bool(info.pop("success", False))
+
+class WindowedEpisode(Episode):
+    """The conversation policy of `history_length`: one sequence per turn, each prompt holding the
+    instructions, the last `history_length` turns and the current observation."""
+
+    agent: ChatAgent
+
+    def __init__(self, agent: ChatAgent, task: Task, env: Env, llm: LLMClient, obs: Any) -> None:
+        self.instructions = getattr(env, "instructions", "")
+        self.past: list[tuple[str, list[int]]] = []  # (observation, reply ids) of each turn played
+        self.segments: list[tuple[TokenRecord, str, int]] = []  # (record, observation, cut off?) per turn
+        super().__init__(agent, task, env, llm, obs)
+
+    def open(self) -> Conversation:
+        return self._window()
+
+    def prompt(self) -> Conversation:
+        if self.replies:  # a new sequence per turn (the first is the opening)
+            self.conv = self._window()
+        return self.conv
+
+    def replied(self, reply: str | None) -> None:
+        if self.agent.budget.context:
+            self.conv.trim(self.agent.budget.context)  # a reply that filled the context still gets its closing
+        ids = [i for i, m in zip(self.conv.token_ids, self.conv.loss_mask) if m]
+        self.generated += len(ids)
+        self.segments.append((self.conv.record, self.obs, int(reply is None)))
+        self.past.append((self.obs, ids))
+
+    def stopped(self) -> None:
+        if not self.segments:  # no room for a first reply: the prompt alone, as the whole episode's
+            self.segments.append((self.conv.record, self.obs, 0))
+
+    def tell(self, obs: Any) -> None:
+        self.state = obs  # the next turn's prompt shows it (`prompt`)
+
+    def finish(self) -> Trajectory | list[Trajectory]:
+        """One trajectory per turn (a segment), whose reward is the episode's return from that turn on."""
+        rewards = [record.rewards[-1] for record, _, _ in self.segments if record.rewards]
         out = []
-        for k, (record, state, cut) in enumerate(turns):
+        for k, (record, state, cut) in enumerate(self.segments):
             if record.rewards:
                 record.set_rewards([sum(rewards[k:])])  # the return from this turn on (as sessions.records)
-            out.append(Trajectory.from_record(record, task, [state] if record.rewards else [], success=success,
-                                              terminated=bool(terminated), truncation_reason=reason, info=dict(info),
-                                              invalid_actions=invalid if k == 0 else 0, truncated_replies=cut,
+            out.append(Trajectory.from_record(record, self.task, [state] if record.rewards else [],
+                                              success=self.success, terminated=self.terminated,
+                                              truncation_reason=self.reason, info=dict(self.info),
+                                              invalid_actions=self.invalid if k == 0 else 0, truncated_replies=cut,
                                               segment=k))
         return out[0] if len(out) == 1 else out
 
-    def _window(self, instructions: str, window: list[tuple[str, list[int]]], obs: str) -> Conversation:
-        """A turn's prompt: the instructions, the window's turns (their replies' ids verbatim), `obs`."""
-        first = window[0][0] if window else obs
-        opening = f"{instructions}\n{first}" if instructions else first
-        conv = start_conversation(self.tokenizer, self.system_prompt, opening)
-        for k, (_, ids) in enumerate(window):
-            conv.add_past_reply(ids, self.eos_token_ids)
-            conv.add_message("user", window[k + 1][0] if k + 1 < len(window) else obs)
+    def _window(self) -> Conversation:
+        """A turn's prompt: the instructions, the window's turns (their replies' ids verbatim), the observation."""
+        k = self.agent.history_length
+        window = self.past[len(self.past) - k:] if k else []
+        first = window[0][0] if window else self.obs
+        opening = f"{self.instructions}\n{first}" if self.instructions else first
+        conv = start_conversation(self.agent.tokenizer, self.agent.system_prompt, opening)
+        for j, (_, ids) in enumerate(window):
+            conv.add_past_reply(ids, self.agent.eos_token_ids)
+            conv.add_message("user", window[j + 1][0] if j + 1 < len(window) else self.obs)
         return conv
-
-
-def start_conversation(tokenizer: Tokenizer, system_prompt: str | None, first_message: str,
-                       tools: list[dict] | None = None) -> Conversation:
-    """A conversation opened by the optional system prompt and the first user message (with the
-    `tools` the template renders, if any)."""
-    conv = Conversation(tokenizer, tools=tools)
-    if system_prompt:
-        conv.add_message("system", system_prompt)
-    conv.add_message("user", first_message)
-    return conv
-
-
-class TurnSettings(Protocol):
-    """What `take_turn` reads from an agent."""
-
-    sampling: SamplingParams
-    budget: TokenBudget
-    eos_token_ids: tuple[int, ...]
-
-
-async def take_turn(conv: Conversation, llm: LLMClient, task: Task, turn: int, agent: TurnSettings,
-                    undo: tuple | None = None, generated: int = 0) -> tuple[str | None, str | None]:
-    """Generate and append the next reply within the agent's budget.
-
-    Returns (reply text, None); the text is None when the reply was cut off at its token limit
-    (no EOS). When the budget leaves no room for a reply: (None, reason), after taking back what
-    was added since the `undo` mark (a message no reply can follow). `agent` supplies
-    `sampling`, `budget` and `eos_token_ids`; `generated` counts the episode's ids generated in
-    its earlier sequences.
-    """
-    prompt = conv.prompt_ids()
-    max_new, stop = agent.budget.allowance(len(prompt), generated + conv.num_generated(),
-                                           agent.sampling.max_new_tokens)
-    if stop:
-        if undo is not None:
-            conv.rollback(undo)
-        return None, stop
-    completion = await llm.generate(prompt, turn_sampling(agent.sampling, task, turn, max_new))
-    reply = conv.add_completion(completion, agent.eos_token_ids)
-    return (reply if completion.finish_reason == "stop" else None), None
-
-
-def turn_sampling(base: SamplingParams, task: Task, turn: int, max_new_tokens: int | None = None) -> SamplingParams:
-    """The sampling of one turn: greedy for eval tasks, seeded by the task and the turn."""
-    return SamplingParams(temperature=base.temperature, top_p=base.top_p, top_k=base.top_k,
-                          max_new_tokens=base.max_new_tokens if max_new_tokens is None else max_new_tokens,
-                          greedy=task.greedy or base.greedy, stop_token_ids=base.stop_token_ids,
-                          seed=(task.sampling_seed * 1_000_003 + turn) % (1 << 63))
 
 
 register_agent("chat", ChatAgent)

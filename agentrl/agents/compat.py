@@ -51,10 +51,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agentrl.agents.chat import turn_sampling
-from agentrl.agents.seed_api import (Agent, BundledGenerationOutputs, GenerationConfig,  # noqa: F401  (re-exported)
-                                     GenerationHyperparameters, GenerationOutput, SeedPrompt, SequenceSample,
-                                     is_seed_agent)
+from agentrl.agents.loop import TurnAgent, turn_sampling
+from agentrl.agents.seed_api import (  # noqa: F401  (re-exported)
+    Agent,
+    BundledGenerationOutputs,
+    GenerationConfig,
+    GenerationHyperparameters,
+    GenerationOutput,
+    SeedPrompt,
+    SequenceSample,
+    is_seed_agent,
+)
 from agentrl.agents.seed_data import SeedRow
 from agentrl.envs.base import Env
 from agentrl.envs.contract import is_finite_number
@@ -111,7 +118,7 @@ class _EnvView:
         return getattr(self._env, name)
 
 
-class SeedAgentAdapter:
+class SeedAgentAdapter(TurnAgent):
     """Our agent contract around a seed-style agent: queues in, a token-exact Trajectory out."""
 
     per_answer_rewards = True  # its env's step returns one reward per answer (the collector checks that)
@@ -119,12 +126,8 @@ class SeedAgentAdapter:
     def __init__(self, agent: Any, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
                  rows: Sequence[SeedRow] = (), dataset_hint: str = "env.args.dataset_path") -> None:
+        super().__init__(tokenizer, sampling, max_turns, system_prompt, budget)
         self.agent = agent
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.max_turns = max_turns
-        self.system_prompt = system_prompt
-        self.budget = budget or TokenBudget()
         self.rows = tuple(rows)  # the dataset's prompts, for envs whose reset gives no question
         self.dataset_hint = dataset_hint  # the setting that names the dataset, for the error message
 
@@ -250,11 +253,12 @@ class SeedAgentAdapter:
                 record.tokens.set_rewards(rewards)
             info.update(result.get("info") or {})
         elif isinstance(result, (list, tuple)) and result:
-            rewards = [_sample_reward(x) for x in result]
-            if len(rewards) == len(record.rewards) and None not in rewards:
-                record.tokens.set_rewards(rewards)  # AReaL's samples, one per turn, carry the agent's reward shaping
+            sampled = [_sample_reward(x) for x in result]
+            found = [r for r in sampled if r is not None]
+            if len(found) == len(sampled) == len(record.rewards):
+                record.tokens.set_rewards(found)  # AReaL's samples, one per turn, carry the agent's reward shaping
             else:
-                reason_text = (f"{len(result)} samples for {len(record.rewards)} turns" if None not in rewards
+                reason_text = (f"{len(result)} samples for {len(record.rewards)} turns" if len(found) == len(sampled)
                                else "samples without a 'rewards' entry")
                 warn_once(f"{type(self.agent).__name__}.collect_trajectory returned {reason_text}: their rewards "
                           "are dropped and the env steps' rewards are used; return one sample per turn with "

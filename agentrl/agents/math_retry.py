@@ -22,9 +22,11 @@ per-step metrics (the math env's `grader_timeout`) are averaged over the tries.
 
 from __future__ import annotations
 
-from agentrl.agents.chat import start_conversation, take_turn
+from typing import Any
+
+from agentrl.agents.loop import Episode, TurnAgent, check_max_turns, start_conversation
 from agentrl.envs.base import Env
-from agentrl.llm.conversation import TokenBudget
+from agentrl.llm.conversation import Conversation, TokenBudget
 from agentrl.llm.engine import LLMClient, SamplingParams
 from agentrl.registry import register_agent
 from agentrl.tokenizer import Tokenizer
@@ -34,24 +36,18 @@ WRONG = "Unfortunately your answer is wrong. Let's try again."  # the seeds' wor
 CORRECT = "Congratulations! You are correct!"
 
 
-class MathRetryAgent:
+class MathRetryAgent(TurnAgent):
     """Up to `max_turns` answers to one question, with "wrong, try again" between them."""
 
     def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
                  turn_discount: float = 1.0, wrong_feedback: str = WRONG) -> None:
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        check_max_turns(max_turns)
         if not 0.0 < turn_discount <= 1.0:
             raise ValueError(f"turn_discount must be in (0, 1], got {turn_discount}")
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.max_turns = max_turns
-        self.system_prompt = system_prompt
-        self.budget = budget or TokenBudget()
+        super().__init__(tokenizer, sampling, max_turns, system_prompt, budget)
         self.turn_discount = float(turn_discount)
         self.wrong_feedback = wrong_feedback
-        self.eos_token_ids = (tokenizer.eos_token_id,)
         self._feedback: tuple[str, list[int]] | None = None  # (text, ids), tokenised on first use
 
     @classmethod
@@ -59,43 +55,61 @@ class MathRetryAgent:
         """Fixed text this agent writes, for training the embedded model's tokenizer."""
         return [args.get("wrong_feedback", WRONG), CORRECT]
 
-    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
+    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory | list[Trajectory]:
         """Ask the task's question until it is answered right or the tries run out."""
         question, _ = await env.reset(seed=task.env_seed)
-        conv = start_conversation(self.tokenizer, self.system_prompt, f"{env.instructions}\n{question}")
-        solved_at: int | None = None
-        reason: str | None = "max_turns"
-        invalid = cut_off = 0
-        states, replies, fed_back, env_metrics = [], [], None, []
-        for turn in range(self.max_turns):
-            reply, stop = await take_turn(conv, llm, task, turn, self, undo=fed_back)
-            if stop:
-                reason = stop
-                break
-            states.append("\n".join([question, *replies]))  # the question and the tries so far
-            if reply is None:  # cut off at max_new_tokens: no answer
-                cut_off += 1
-                reply = ""
-            replies.append(reply)
-            _, reward, _, _, step_info = await env.step(reply)
-            env_metrics.append(step_info.get("metrics") or {})
-            conv.set_turn_reward(reward * self.turn_discount ** turn)
-            invalid += int(not step_info.get("action_valid", True))
-            if step_info.get("success"):
-                solved_at, reason = turn, None
-                break
-            if turn + 1 < self.max_turns:
-                fed_back = conv.mark()
-                if self._feedback is None:
-                    self._feedback = conv.prepare("user", self.wrong_feedback)
-                conv.add_prepared("user", self.wrong_feedback, self._feedback)
-        if self.budget.context:
-            conv.trim(self.budget.context)  # a reply that filled the context still gets its closing
-        metrics = {**_mean_per_key(env_metrics), **{f"success_at_{k}": float(solved_at is not None and solved_at < k)
-                                                    for k in range(1, self.max_turns + 1)}}
-        return Trajectory.from_record(conv.record, task, states, success=solved_at is not None,
-                                      terminated=solved_at is not None, truncation_reason=reason,
-                                      info={"metrics": metrics}, invalid_actions=invalid, truncated_replies=cut_off)
+        return await RetryEpisode(self, task, env, llm, question).play()
+
+    def feedback(self, conv: Conversation) -> tuple[str, list[int]]:
+        """The wrong-answer feedback's (text, ids) after `conv`, tokenised once per agent."""
+        if self._feedback is None:
+            self._feedback = conv.prepare("user", self.wrong_feedback)
+        return self._feedback
+
+
+class RetryEpisode(Episode):
+    """The retry agent's hooks: a step ends the episode on a right answer only, a wrong one is
+    answered with the feedback, rewards are discounted by the try, states are the tries so far."""
+
+    agent: MathRetryAgent
+
+    def __init__(self, agent: MathRetryAgent, task: Task, env: Env, llm: LLMClient, question: str) -> None:
+        self.question = question
+        self.tries: list[str] = []  # the replies so far ("" for one cut off)
+        self.env_metrics: list[dict] = []  # the env's metrics of each try
+        self.solved_at: int | None = None  # the try that was right
+        super().__init__(agent, task, env, llm, question)
+
+    def open(self) -> Conversation:
+        return start_conversation(self.agent.tokenizer, self.agent.system_prompt,
+                                  f"{self.env.instructions}\n{self.question}")
+
+    def replied(self, reply: str | None) -> None:
+        self.tries.append(reply or "")
+        self.state = "\n".join([self.question, *self.tries])  # the question and the tries so far
+
+    def shaped_reward(self, reward: float) -> float:
+        return reward * self.agent.turn_discount ** self.steps
+
+    def ends(self, terminated: bool, truncated: bool, info: dict) -> bool:
+        """A right answer ends the episode; the env's own end does not (the question stays)."""
+        self.env_metrics.append(info.get("metrics") or {})
+        if not info.get("success"):
+            return False
+        self.solved_at, self.reason = self.steps - 1, None
+        self.success = self.terminated = True
+        return True
+
+    def tell(self, obs: Any) -> None:
+        if self.steps < self.agent.max_turns:  # another try follows: the feedback
+            self.undo = self.conv.mark()
+            self.conv.add_prepared("user", self.agent.wrong_feedback, self.agent.feedback(self.conv))
+
+    def closing_info(self) -> dict:
+        solved_at, turns = self.solved_at, self.agent.max_turns
+        return {"metrics": {**_mean_per_key(self.env_metrics),
+                            **{f"success_at_{k}": float(solved_at is not None and solved_at < k)
+                               for k in range(1, turns + 1)}}}
 
 
 def _mean_per_key(rows: list[dict]) -> dict[str, float]:

@@ -39,7 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentrl.agents.chat import turn_sampling
+from agentrl.agents.loop import turn_sampling
 from agentrl.agents.tool import check_int, offer_tools
 from agentrl.envs.base import Env
 from agentrl.errors import EngineError
@@ -66,7 +66,8 @@ def resolve_entry(entry: Any) -> Any:
                          "being imported; the module must only define the function") from None
     except Exception as e:  # noqa: BLE001 (whatever the user's module raises, one line names it)
         first = (str(e).strip().splitlines() or [""])[0]
-        raise ValueError(f"agent.args.entry={entry!r}: cannot import {module_name!r}: {type(e).__name__}: {first}") from None
+        raise ValueError(f"agent.args.entry={entry!r}: cannot import {module_name!r}: "
+                         f"{type(e).__name__}: {first}") from None
     fn = getattr(module, name, None)
     if fn is None:
         raise ValueError(f"agent.args.entry={entry!r}: module {module_name!r} has no {name!r}")
@@ -116,6 +117,7 @@ class RunSampling:
         if stop:
             return stop
         sp = replace(turn_sampling(self.base, self.task, turn, max_new), stop=tuple(request.stop))
+        assert sp.seed is not None  # turn_sampling seeds every turn, by task and turn
         return [replace(sp, seed=(sp.seed + i) % (1 << 63)) for i in range(request.n)]
 
 
@@ -185,7 +187,9 @@ class OpenAIAgent:
         # One connection per episode (a pool shared by every episode is slow to search).
         http = httpx.AsyncClient(verify=host.ssl_context, timeout=self.timeout)
         client = openai.AsyncOpenAI(base_url=f"{host.url}/sessions/{session.id}/v1", api_key=host.api_key,
-                                    max_retries=0, timeout=self.timeout, http_client=http)
+                                    # openai 2.x types http_client as an httpx2 client and takes an httpx one (its
+                                    # legacy check) at run time.
+                                    max_retries=0, timeout=self.timeout, http_client=http)  # type: ignore[arg-type]
         try:
             returned = await self.run_fn(client, recorder, task)
         except Exception as e:
@@ -204,7 +208,8 @@ class OpenAIAgent:
         reason = None if env._terminated else ("env" if env._truncated else session.stop_reason or "max_turns")
         info = {k: v for k, v in env._info.items() if k != "success"}
         if self.tools:  # as the tool agent's: the tools/ metrics, and the mark the reward_without_tools alarm reads
-            metrics = info.get("metrics") if isinstance(info.get("metrics"), dict) else {}
+            found = info.get("metrics")
+            metrics: dict[str, Any] = found if isinstance(found, dict) else {}
             info["metrics"] = {**metrics, **offered.usage.metrics(bool(env._info.get("success", False)))}
             needs = self.needs_tools if self.needs_tools is not None else bool(getattr(env._env, "needs_tools", False))
             if needs:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from agentrl.envs.table import read_table
 from agentrl.errors import ConfigError
+
 QUESTION_KEYS = ("question", "prompt", "problem")
 ID_KEYS = ("query_id", "qid", "id")
 ANSWER_KEYS = ("answer", "solutions", "solution")

@@ -42,7 +42,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.agents.chat import start_conversation, take_turn
+from agentrl.agents.loop import Episode, TurnAgent, check_max_turns, start_conversation
 from agentrl.envs.base import Env
 from agentrl.errors import ConfigError, did_you_mean
 from agentrl.llm.conversation import Conversation, TokenBudget, check_chat_template
@@ -58,7 +58,7 @@ TRUNCATE_SIDES = ("left", "right", "middle")
 NOT_RUN = "not run"  # the span name of the calls past max_tool_calls (answered together, not run)
 
 
-class ToolAgent:
+class ToolAgent(TurnAgent):
     """The chat agent with tools (see the module's docstring)."""
 
     def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
@@ -66,27 +66,22 @@ class ToolAgent:
                  tools: Sequence[str] = (), tool_args: dict[str, dict] | None = None, max_tool_calls: int = 4,
                  tool_timeout: float = 30.0, max_tool_response_length: int = 1024,
                  tool_response_truncate_side: str = "left", needs_tools: bool | None = None) -> None:
-        # Arguments are rejected with ValueError, as every agent's (the run names the config key).
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        # Arguments are rejected with ValueError, as every agent's (the run names the config key), before
+        # any other work (a bad tool setting is refused before the tokenizer is touched).
+        check_max_turns(max_turns)
         check_int("max_tool_calls", max_tool_calls, 0)
         check_int("max_tool_response_length", max_tool_response_length, 1)
         if tool_response_truncate_side not in TRUNCATE_SIDES:
             raise ValueError(f"tool_response_truncate_side={tool_response_truncate_side!r}; expected one of "
                              f"{', '.join(TRUNCATE_SIDES)}")
         self.tools = offer_tools(tools, tool_args, tool_timeout, needs_tools)
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.max_turns = max_turns
-        self.system_prompt = system_prompt
-        self.budget = budget or TokenBudget()
+        super().__init__(tokenizer, sampling, max_turns, system_prompt, budget)
         self.max_tool_calls = max_tool_calls
         self.tool_timeout = float(tool_timeout)
         self.max_tool_response_length = max_tool_response_length
         self.truncate_side = tool_response_truncate_side
         self.needs_tools = needs_tools
         self.schemas = [t.schema for t in self.tools.values()] or None
-        self.eos_token_ids = (tokenizer.eos_token_id,)
         if self.schemas and callable(getattr(tokenizer, "apply_chat_template", None)):
             check_chat_template(tokenizer, system_prompt, tools=self.schemas)
 
@@ -97,75 +92,13 @@ class ToolAgent:
         tools = resolve_tools(args.get("tools", ()), args.get("tool_args"))
         return [text for t in tools.values() for text in (json.dumps(t.schema), call_text(t.name, {}))]
 
-    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory:
+    async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory | list[Trajectory]:
         """Play one episode of `env` seeded by the task, calling tools between env steps."""
         obs, _ = await env.reset(seed=task.env_seed)
-        instructions = getattr(env, "instructions", "")
-        conv = start_conversation(self.tokenizer, self.system_prompt, f"{instructions}\n{obs}" if instructions else obs,
-                                  tools=self.schemas)
-        usage = ToolUsage()
-        spans: list[list] = []  # [start, end, kind, name] of each call and each run of answers
-        info: dict = {}
-        invalid = cut_off = steps = replies = 0
-        terminated = truncated = False
-        reason: str | None = "max_turns"
-        states = []
-        state = obs  # what the next reply acts on: the observation, and the tool answers since
-        observed = None  # mark before the latest observation or tool answers, taken back if no reply can follow
-        while steps < self.max_turns:
-            before = len(conv.token_ids)
-            reply, stop = await take_turn(conv, llm, task, replies, self, undo=observed)
-            replies += 1
-            if stop:
-                reason = stop
-                break
-            states.append(state)
-            if reply is not None and self.tools and OPEN in reply and usage.calls < self.max_tool_calls:
-                calls = parse_tool_calls(reply)
-                left = self.max_tool_calls - usage.calls
-                run, rest = calls[:left], calls[left:]
-                # The calls past the limit are one block, one name and one answer: a reply of a thousand
-                # calls costs what a reply of `max_tool_calls` + 1 does.
-                blocks = [(c.start, c.end) for c in run] + ([(rest[0].start, rest[-1].end)] if rest else [])
-                names = [c.name if c.ok else "malformed" for c in run] + ([NOT_RUN] if rest else [])
-                spans += [[a, b, "call", name] for (a, b), name in zip(self._call_ids(conv, before, blocks), names)]
-                answers = await self._answer(run, len(rest), usage)
-                observed = conv.mark()
-                conv.add_messages([{"role": "tool", "content": a} for a in answers])
-                spans.append([observed[1], len(conv.token_ids), "answer", ", ".join(names)])
-                state = "\n".join([state, *answers])
-                continue
-            if reply is None:  # cut off at max_new_tokens: no answer
-                cut_off += 1
-                reply = ""
-            obs, reward, terminated, truncated, step_info = await env.step(reply)
-            steps += 1
-            conv.set_turn_reward(reward)
-            invalid += int(not step_info.get("action_valid", True))
-            if terminated or truncated:
-                info = dict(step_info)
-                reason = None if terminated else "env"
-                break
-            observed = conv.mark()
-            conv.add_message("user", obs)
-            state = obs
-        if self.budget.context:
-            conv.trim(self.budget.context)  # a reply that filled the context still gets its closing
-        success = bool(info.pop("success", False))
-        env_metrics = info.get("metrics") if isinstance(info.get("metrics"), dict) else {}
-        info["metrics"] = {**env_metrics, **usage.metrics(success)}
-        needs = self.needs_tools if self.needs_tools is not None else bool(getattr(env, "needs_tools", False))
-        if needs and self.tools:
-            info["needs_tools"] = True
-        n = len(conv.token_ids)  # answers taken back (no reply could follow) or trimmed are gone
-        kept = [[a, min(b, n), kind, name] for a, b, kind, name in spans if a < n]
-        if kept:
-            info["tool_spans"] = kept
-        return Trajectory.from_record(conv.record, task, states, success=success, terminated=bool(terminated),
-                                      truncation_reason=reason, info=info, invalid_actions=invalid,
-                                      truncated_replies=cut_off)
+        return await ToolEpisode(self, task, env, llm, obs).play()
 
-    def _call_ids(self, conv: Conversation, before: int, blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:
+
+    def call_ids(self, conv: Conversation, before: int, blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """[start, end) among the ids of the reply generated after position `before` of each block
         (its [start, end) in the reply's text), from the lengths of the reply's decoded prefixes
         (the parse saw that text)."""
@@ -179,7 +112,7 @@ class ToolAgent:
         return [(first + bisect.bisect_right(at, start, key=length),
                  first + min(len(ids), bisect.bisect_right(at, end - 1, key=length) + 1)) for start, end in blocks]
 
-    async def _answer(self, calls: list[ToolCall], refused: int, usage: ToolUsage) -> list[str]:
+    async def answer_calls(self, calls: list[ToolCall], refused: int, usage: ToolUsage) -> list[str]:
         """Each call's answer (run at once), then one answer for the `refused` calls past the
         episode's `max_tool_calls`, which are not run."""
         usage.calls += len(calls) + refused
@@ -196,6 +129,7 @@ class ToolAgent:
         if call.error is not None:
             usage.malformed += 1
             return f"Error: {call.error}"
+        assert call.name is not None  # a well-formed call has a string name (ToolCall.ok)
         return await answer_call(self.tools, call.name, call.arguments, self.tool_timeout, usage)
 
     def _truncate(self, text: str) -> str:
@@ -207,6 +141,58 @@ class ToolAgent:
         if self.truncate_side == "right":
             return "(truncated)..." + text[-n:]
         return text[:n // 2] + "...(truncated)..." + text[-(n // 2):]
+
+
+class ToolEpisode(Episode):
+    """The tool agent's hooks: a reply that calls tools is answered with the tools' answers, and
+    the episode's info gets the tool metrics and spans."""
+
+    agent: ToolAgent
+
+    def __init__(self, agent: ToolAgent, task: Task, env: Env, llm: LLMClient, obs: Any) -> None:
+        self.usage = ToolUsage()
+        self.spans: list[list] = []  # [start, end, kind, name] of each call and each run of answers
+        super().__init__(agent, task, env, llm, obs)
+
+    def open(self) -> Conversation:
+        instructions = getattr(self.env, "instructions", "")
+        return start_conversation(self.agent.tokenizer, self.agent.system_prompt,
+                                  f"{instructions}\n{self.obs}" if instructions else self.obs, tools=self.agent.schemas)
+
+    async def answer(self, reply: str | None, before: int) -> bool:
+        """Run the reply's tool calls (while calls are left) and add their answers as tool messages."""
+        agent, usage, conv = self.agent, self.usage, self.conv
+        if reply is None or not agent.tools or OPEN not in reply or usage.calls >= agent.max_tool_calls:
+            return False
+        calls = parse_tool_calls(reply)
+        left = agent.max_tool_calls - usage.calls
+        run, rest = calls[:left], calls[left:]
+        # The calls past the limit are one block, one name and one answer: a reply of a thousand
+        # calls costs what a reply of `max_tool_calls` + 1 does.
+        blocks = [(c.start, c.end) for c in run] + ([(rest[0].start, rest[-1].end)] if rest else [])
+        names = [c.name if c.name is not None and c.ok else "malformed" for c in run] + ([NOT_RUN] if rest else [])
+        self.spans += [[a, b, "call", name] for (a, b), name in zip(agent.call_ids(conv, before, blocks), names)]
+        answers = await agent.answer_calls(run, len(rest), usage)
+        self.undo = conv.mark()
+        conv.add_messages([{"role": "tool", "content": a} for a in answers])
+        self.spans.append([self.undo[1], len(conv.token_ids), "answer", ", ".join(names)])
+        self.state = "\n".join([self.state, *answers])
+        return True
+
+    def closing_info(self) -> dict:
+        info = self.info
+        metrics = info.get("metrics")
+        env_metrics = metrics if isinstance(metrics, dict) else {}
+        info["metrics"] = {**env_metrics, **self.usage.metrics(self.success)}
+        needs = self.agent.needs_tools if self.agent.needs_tools is not None else bool(getattr(self.env, "needs_tools",
+                                                                                              False))
+        if needs and self.agent.tools:
+            info["needs_tools"] = True
+        n = len(self.conv.token_ids)  # answers taken back (no reply could follow) or trimmed are gone
+        kept = [[a, min(b, n), kind, name] for a, b, kind, name in self.spans if a < n]
+        if kept:
+            info["tool_spans"] = kept
+        return info
 
 
 def offer_tools(tools: Sequence[str], tool_args: dict[str, dict] | None, tool_timeout: float,
@@ -244,7 +230,8 @@ def resolve_tools(names: Sequence[str], tool_args: dict[str, dict] | None) -> di
     if len(set(names)) < len(names):
         raise ConfigError(f"tools={list(names)!r} names a tool twice")
     # Settings of a tool not in use are checked too, and kept for when it is (tools: [] is the no-tool baseline).
-    configured = {name: TOOLS.get(name).configure(settings, f"tool_args.{name}") for name, settings in tool_args.items()}
+    configured = {name: TOOLS.get(name).configure(settings, f"tool_args.{name}")
+                  for name, settings in tool_args.items()}
     return {name: configured.get(name) or TOOLS.get(name) for name in names}
 
 

@@ -3,9 +3,7 @@
 Every estimator reads one `EstimatorInput` (agentrl/algos/estimator.py: the batch's
 `token_rewards`, `response_mask`, group `index`, critic `values`, the `config`, and for step-level
 baselines `state_ids`) and returns (advantages, returns), both (B, T) float32 and zero where
-response_mask is 0. Estimators written in the earlier positional form
-`fn(token_rewards, response_mask, index, values, config, state_ids=None)` still register and run
-(the rule is in estimator.py). The trainer calls `compute_advantages(name, inputs)` and never
+response_mask is 0. The trainer calls `compute_advantages(name, inputs)` and never
 special-cases a name. An estimator whose function has `greedy_baseline = True` (ReMax) makes the
 run play one greedy episode per group, and reads `reward_baselines` (B,) float32: the reward of
 its group's greedy episode.
@@ -44,15 +42,19 @@ earlier turns; on single-turn masks (prompt, response, padding) the two agree ex
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 # GAE and the episode-level estimators under verl's names live in modules of their own;
 # importing them here registers them wherever the registry is used.
 import agentrl.algos.gae  # noqa: F401
 import agentrl.algos.outcome_estimators  # noqa: F401
-from agentrl.algos.estimator import Estimate, EstimatorInput, accepts_positional, call_estimator
+from agentrl.algos.estimator import Estimate, EstimatorInput, takes_record
 from agentrl.algos.returns import EPS, TurnDepths, group_stats, masked_whiten, turn_ends, turn_returns
 from agentrl.config import AlgorithmConfig
+from agentrl.errors import ConfigError, RegistryError
 from agentrl.registry import ESTIMATORS, register_estimator
 
 
@@ -62,7 +64,25 @@ def compute_advantages(name: str, inputs: EstimatorInput) -> Estimate:
     fn = ESTIMATORS.get(name)
     if inputs.config.credit == "outcome":
         inputs = inputs.replace(token_rewards=outcome_rewards(inputs.token_rewards, inputs.response_mask))
-    return call_estimator(fn, inputs)
+    _check_form(name, fn)  # plan() checked it; an estimator registered since is checked here
+    estimate: Estimate = fn(inputs)
+    return estimate
+
+
+def check_estimator(name: str) -> None:
+    """Raise a one-line ConfigError unless `name` is a registered estimator taking one record."""
+    try:
+        fn = ESTIMATORS.get(name)
+    except RegistryError as e:
+        raise ConfigError(f"algorithm.adv_estimator: {e}") from None
+    _check_form(name, fn)
+
+
+def _check_form(name: str, fn: Callable[..., Any]) -> None:
+    if not takes_record(fn):
+        raise ConfigError(f"algorithm.adv_estimator: estimator {name!r} ({getattr(fn, '__qualname__', fn)}) must "
+                          "take one argument, an agentrl.algos.estimator.EstimatorInput, and return "
+                          "(advantages, returns)")
 
 
 def uses_greedy_baseline(name: str) -> bool:
@@ -71,7 +91,6 @@ def uses_greedy_baseline(name: str) -> bool:
 
 
 @register_estimator("grpo")
-@accepts_positional
 def grpo(x: EstimatorInput) -> Estimate:
     """GRPO (Shao et al. 2024): (score - group mean) / (group std + eps), (B, T).
 
@@ -107,7 +126,6 @@ def _grpo_turns(x: EstimatorInput) -> Estimate:
 
 
 @register_estimator("gigpo")
-@accepts_positional
 def gigpo(x: EstimatorInput) -> Estimate:
     """GiGPO (Feng et al. 2025): episode-level GRPO plus a step-level advantage, (B, T).
 
@@ -158,7 +176,7 @@ def discounted_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor,
     return returns * response_mask
 
 
-def _broadcast_group(scores: torch.Tensor, index: torch.Tensor):
+def _broadcast_group(scores: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(count, mean, std) of each row's group, aligned with rows."""
     _, inverse = torch.unique(index, return_inverse=True)
     count, mean, std = group_stats(scores, inverse)
@@ -167,7 +185,6 @@ def _broadcast_group(scores: torch.Tensor, index: torch.Tensor):
 
 # ---------------------------------------------------------------------------- RLOO
 @register_estimator("rloo")
-@accepts_positional
 def rloo(x: EstimatorInput) -> Estimate:
     """RLOO (Ahmadian et al. 2024): score minus the mean score of the other episodes, (B, T).
 
@@ -192,7 +209,6 @@ def rloo(x: EstimatorInput) -> Estimate:
 
 # ---------------------------------------------------------------------------- REINFORCE++
 @register_estimator("reinforce_plus_plus")
-@accepts_positional
 def reinforce_plus_plus(x: EstimatorInput) -> Estimate:
     """REINFORCE++ (Hu 2025): discounted returns whitened over the batch's generated ids, (B, T).
 
@@ -209,7 +225,6 @@ def reinforce_plus_plus(x: EstimatorInput) -> Estimate:
 
 
 @register_estimator("reinforce_plus_plus_baseline")
-@accepts_positional
 def reinforce_plus_plus_baseline(x: EstimatorInput) -> Estimate:
     """REINFORCE++-baseline: score minus its group mean, then whitened over the batch, (B, T).
 

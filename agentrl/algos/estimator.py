@@ -1,20 +1,13 @@
-"""The advantage estimators' contract: one input record, and how a registered estimator is called.
+"""The advantage estimators' contract: one input record.
 
-Every estimator reads one `EstimatorInput` and returns (advantages, returns), both (B, T) float32
-and zero where `response_mask` is 0; what each one computes is in agentrl/algos/advantages.py.
-
-How `compute_advantages` calls an estimator registered with `register_estimator`, by its signature:
-- one parameter without a default: the record, `fn(inputs) -> (advantages, returns)`;
-- more: the earlier positional form, `fn(token_rewards, response_mask, index, values, config,
-  state_ids=None)`, with `reward_baselines=` as a keyword too when `fn.greedy_baseline` is True.
-Estimators written in that form keep working, and may call the built-ins in it as well: each
-built-in takes the record, and `accepts_positional` lets it also be called with those arguments.
+Every estimator, built-in or registered with `register_estimator`, reads one `EstimatorInput`,
+`fn(inputs) -> (advantages, returns)`, both (B, T) float32 and zero where `response_mask` is 0;
+what each one computes is in agentrl/algos/advantages.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -30,7 +23,7 @@ Estimate = tuple[torch.Tensor, torch.Tensor]  # (advantages, returns), both (B, 
 @dataclasses.dataclass(frozen=True, eq=False)
 class EstimatorInput:
     """What every advantage estimator reads: a packed batch's rewards, masks and groups, and the
-    algorithm's settings. Fields in the order of the earlier positional form."""
+    algorithm's settings."""
 
     token_rewards: torch.Tensor  # (B, T) float32: each turn's reward at its last generated id, 0 elsewhere
     response_mask: torch.Tensor  # (B, T) float32: 1 on ids the policy generated, 0 on prompt/observations/padding
@@ -52,30 +45,10 @@ class EstimatorInput:
 Estimator = Callable[[EstimatorInput], Estimate]
 
 
-def takes_record(fn: Callable[..., Estimate]) -> bool:
-    """Whether `fn` is called with the record (one parameter without a default), not positionally."""
+def takes_record(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` takes one record (one positional parameter without a default), as every
+    estimator and policy loss does."""
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     required = [p for p in inspect.signature(fn).parameters.values()
                 if p.kind in positional and p.default is inspect.Parameter.empty]
     return len(required) == 1
-
-
-def call_estimator(fn: Callable[..., Estimate], inputs: EstimatorInput) -> Estimate:
-    """Run a registered estimator on `inputs`, in the form its signature asks for (module docstring)."""
-    if takes_record(fn):
-        return fn(inputs)
-    extra = {"reward_baselines": inputs.reward_baselines} if getattr(fn, "greedy_baseline", False) else {}
-    return fn(inputs.token_rewards, inputs.response_mask, inputs.index, inputs.values, inputs.config,
-              inputs.state_ids, **extra)
-
-
-def accepts_positional(fn: Estimator) -> Callable[..., Estimate]:
-    """`fn`, callable with its record or with the record's fields as arguments (the earlier form)."""
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Estimate:
-        if len(args) == 1 and not kwargs and isinstance(args[0], EstimatorInput):
-            return fn(args[0])
-        return fn(EstimatorInput(*args, **kwargs))
-
-    return call

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.algos.estimator import Estimate, EstimatorInput, accepts_positional
+from agentrl.algos.estimator import Estimate, EstimatorInput
 from agentrl.algos.returns import masked_whiten, turn_ids
 from agentrl.registry import register_estimator
 
 
 @register_estimator("gae")
-@accepts_positional
 def gae(x: EstimatorInput) -> Estimate:
     """GAE (Schulman et al. 2016) with a critic; advantages whitened over generated ids, (B, T).
 
@@ -51,7 +50,8 @@ def bootstrap_truncated(token_rewards: torch.Tensor, values: torch.Tensor, mask:
     return out
 
 
-def _token_gae(rewards, mask, values, gamma, lam):
+def _token_gae(rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, gamma: float,
+               lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     batch, width = rewards.shape
     next_value = torch.zeros(batch, dtype=values.dtype)
     last = torch.zeros(batch, dtype=values.dtype)
@@ -66,7 +66,8 @@ def _token_gae(rewards, mask, values, gamma, lam):
     return adv, adv + values
 
 
-def _turn_gae(rewards, mask, values, gamma, lam):
+def _turn_gae(rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, gamma: float,
+              lam: float) -> tuple[torch.Tensor, torch.Tensor]:
     ids = turn_ids(mask)
     n_turns = int(ids.max()) if ids.numel() else 0
     batch = rewards.shape[0]

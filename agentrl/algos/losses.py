@@ -24,7 +24,9 @@ PPO clipped surrogate (Schulman et al. 2017), asymmetric as in DAPO, dual-clip a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,21 +39,34 @@ AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mea
 Stats = dict[str, torch.Tensor]  # a policy loss's diagnostics: pg_clipfrac, pg_clipfrac_lower, ppo_kl
 
 
-class PolicyLoss(Protocol):
-    """The one signature of every policy loss (`actor.policy_loss.loss_mode`, algos/policy_losses.py).
+@dataclasses.dataclass(frozen=True, eq=False)
+class PolicyLossInput:
+    """What every policy loss reads (`actor.policy_loss.loss_mode`, algos/policy_losses.py): one
+    micro-batch's logprobs, advantages and mask, and the settings and counts to aggregate them."""
 
-    Tensors are (B, T) float32 aligned with the token ids, `mask` 1 on generated ids; `num_tokens`,
-    `num_seqs` and `horizon` are the mini-batch's counts for `aggregate` (a micro-batch's loss is its
-    share of the mini-batch's); `weights` the detached off-policy weights multiplying each token's
-    loss; `config` the `actor.policy_loss` section. Returns (scalar loss, detached Stats).
-    """
+    logprobs: torch.Tensor  # (B, T) float32: the current policy's logprob of each token id (with gradient)
+    old_logprobs: torch.Tensor  # (B, T) float32: the logprobs the ratio is taken against
+    advantages: torch.Tensor  # (B, T) float32
+    mask: torch.Tensor  # (B, T) float32: 1 on ids the policy generated
+    clip_ratio_low: float = 0.2  # the ratio's clip range is [1 - low, 1 + high]
+    clip_ratio_high: float = 0.2
+    loss_agg_mode: str = "token-mean"  # one of AGG_MODES (some losses always use their own)
+    # The mini-batch's token count, for `aggregate`: a micro-batch's loss is its share of the
+    # mini-batch's (None: this batch's own)
+    num_tokens: float | None = None
+    clip_ratio_c: float | None = None  # dual-clip bound (> 1) for negative advantages (vanilla); None: off
+    weights: torch.Tensor | None = None  # (B, T) detached off-policy weights multiplying each token's loss
+    num_seqs: float | None = None  # the mini-batch's count of sequences with generated ids (None: this batch's)
+    horizon: float | None = None  # the *-token-sum-norm modes' constant (None: the mask's last dimension)
+    config: PolicyLossConfig | None = None  # the `actor.policy_loss` section (sapo's taus)
 
-    def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                 mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                 loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
-                 clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
-                 num_seqs: float | None = None, horizon: float | None = None,
-                 config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]: ...
+    def replace(self, **changes: Any) -> PolicyLossInput:
+        """A copy with `changes` applied (the record is frozen)."""
+        return dataclasses.replace(self, **changes)
+
+
+# The one signature of every policy loss: the record in, (scalar loss, detached Stats) out.
+PolicyLoss = Callable[[PolicyLossInput], tuple[torch.Tensor, Stats]]
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
@@ -92,32 +107,28 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask > 0, x, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1.0)
 
 
-def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                    mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                    loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
-                    clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
-                    num_seqs: float | None = None, horizon: float | None = None,
-                    config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
+def ppo_policy_loss(x: PolicyLossInput) -> tuple[torch.Tensor, Stats]:
     """PPO clipped policy loss and its diagnostics (pg_clipfrac, pg_clipfrac_lower, ppo_kl); a `PolicyLoss`.
 
     `clip_ratio_c` (> 1) turns on dual-clip for negative advantages; `weights` (detached,
     (B, T)) multiply each token's loss: importance weights for off-policy samples. `config`
-    (actor.policy_loss) is unused here; every registered policy loss takes it.
+    (actor.policy_loss) is unused here.
     """
-    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+    advantages, mask = x.advantages, x.mask
+    log_ratio = (x.logprobs - x.old_logprobs).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clipped = -advantages * ratio.clamp(1.0 - x.clip_ratio_low, 1.0 + x.clip_ratio_high)
     losses = torch.maximum(unclipped, clipped)
-    clipfrac_lower = torch.zeros((), device=logprobs.device)
-    if clip_ratio_c is not None:
-        floor = -advantages * clip_ratio_c
+    clipfrac_lower = torch.zeros((), device=x.logprobs.device)
+    if x.clip_ratio_c is not None:
+        floor = -advantages * x.clip_ratio_c
         lower = (losses > floor) & (advantages < 0)
         clipfrac_lower = masked_mean(lower.float(), mask).detach()
         losses = torch.where(advantages < 0, torch.minimum(losses, floor), losses)
-    if weights is not None:
-        losses = losses * weights.detach()
-    loss = aggregate(losses, mask, loss_agg_mode, num_tokens, num_seqs, horizon)
+    if x.weights is not None:
+        losses = losses * x.weights.detach()
+    loss = aggregate(losses, mask, x.loss_agg_mode, x.num_tokens, x.num_seqs, x.horizon)
     stats = {
         "pg_clipfrac": masked_mean((clipped > unclipped).float(), mask).detach(),
         "pg_clipfrac_lower": clipfrac_lower,

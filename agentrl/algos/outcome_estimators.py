@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.algos.estimator import Estimate, EstimatorInput, accepts_positional
+from agentrl.algos.estimator import Estimate, EstimatorInput
 from agentrl.algos.returns import EPS, group_stats, turn_returns
 from agentrl.config import AlgorithmConfig
 from agentrl.registry import register_estimator
@@ -50,7 +50,8 @@ def episode_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor, con
 
 
 def _groups(index: torch.Tensor) -> torch.Tensor:
-    return torch.unique(index, return_inverse=True)[1]
+    inverse: torch.Tensor = torch.unique(index, return_inverse=True)[1]  # torch.unique is untyped (Any)
+    return inverse
 
 
 def _spread(per_episode: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,7 +60,6 @@ def _spread(per_episode: torch.Tensor, response_mask: torch.Tensor) -> tuple[tor
 
 
 @register_estimator("opo")
-@accepts_positional
 def opo(x: EstimatorInput) -> Estimate:
     """OPO: score minus the group's length-weighted mean score (0 for a group of one), (B, T)."""
     scores = episode_scores(x.token_rewards, x.response_mask, x.config)
@@ -74,7 +74,6 @@ def opo(x: EstimatorInput) -> Estimate:
 
 
 @register_estimator("grpo_passk")
-@accepts_positional
 def grpo_passk(x: EstimatorInput) -> Estimate:
     """Pass@k GRPO: the group's best episode gets (r_max - r_second) [/ (std + eps)], others 0."""
     scores = episode_scores(x.token_rewards, x.response_mask, x.config)
@@ -94,7 +93,6 @@ def grpo_passk(x: EstimatorInput) -> Estimate:
 
 
 @register_estimator("gpg")
-@accepts_positional
 def gpg(x: EstimatorInput) -> Estimate:
     """GPG: alpha * (score - group mean), alpha = batch size / episodes with non-zero score, (B, T)."""
     scores = episode_scores(x.token_rewards, x.response_mask, x.config)
@@ -113,7 +111,6 @@ def remax_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
 
 
 @register_estimator("remax")
-@accepts_positional
 def remax(x: EstimatorInput) -> Estimate:
     """ReMax: return minus the group's greedy-rollout reward (the leave-one-out mean score where a
     row has none), (B, T)."""
@@ -131,4 +128,6 @@ def remax(x: EstimatorInput) -> Estimate:
     return remax_advantages(x.token_rewards, x.response_mask, baseline)
 
 
-remax.greedy_baseline = True  # the run plays one greedy episode per group for it (verl)
+# The run plays one greedy episode per group for it (verl): a flag on the function, which
+# `uses_greedy_baseline` reads and a function's type does not declare.
+remax.greedy_baseline = True  # type: ignore[attr-defined]

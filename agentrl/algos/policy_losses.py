@@ -1,12 +1,13 @@
 """Policy losses selectable by name, as verl selects them (`actor.policy_loss.loss_mode`).
 
-Every loss is a `losses.PolicyLoss`, the one typed signature:
-    fn(logprobs, old_logprobs, advantages, mask, clip_ratio_low, clip_ratio_high, loss_agg_mode,
-       num_tokens, clip_ratio_c, weights, num_seqs, horizon, config) -> (loss, stats)
-with (B, T) float32 tensors aligned with the token ids (`mask` 1 on generated ids), the
-mini-batch's counts for `aggregate` (so micro-batches sum to the mini-batch's loss), `weights`
-the detached off-policy weights (TIS / decoupled PPO) multiplying each token's loss, `config`
-the PolicyLossConfig, and stats {pg_clipfrac, pg_clipfrac_lower, ppo_kl} (scalars, detached).
+Every loss is a `losses.PolicyLoss`: it reads one `losses.PolicyLossInput`,
+    fn(x: PolicyLossInput) -> (loss, stats)
+whose fields are (B, T) float32 tensors aligned with the token ids (`mask` 1 on generated ids), the
+clip range and `loss_agg_mode`, the mini-batch's counts for `aggregate` (so micro-batches sum to the
+mini-batch's loss), `weights` the detached off-policy weights (TIS / decoupled PPO) multiplying each
+token's loss and `config` the PolicyLossConfig; stats are {pg_clipfrac, pg_clipfrac_lower, ppo_kl}
+(scalars, detached). A user's loss is registered the same way (`register_policy_loss("name")` in
+a module of `imports`) and named by `actor.policy_loss.loss_mode`.
 `ratio` below is exp(logp - old_logp), the log clamped to [-20, 20] as verl.
 
 - vanilla: PPO clip with dual-clip (`losses.ppo_policy_loss`), the default.
@@ -35,26 +36,26 @@ geometric mean of its tokens' weights, as verl does with its rollout IS weights.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import torch
 
-from agentrl.algos.losses import PolicyLoss, Stats, aggregate, masked_mean, ppo_policy_loss
+from agentrl.algos.estimator import takes_record
+from agentrl.algos.losses import PolicyLoss, PolicyLossInput, Stats, aggregate, masked_mean, ppo_policy_loss
 from agentrl.errors import ConfigError, RegistryError
 from agentrl.registry import POLICY_LOSSES, register_policy_loss
-
-if TYPE_CHECKING:
-    from agentrl.config import PolicyLossConfig
 
 register_policy_loss("vanilla", ppo_policy_loss)
 
 
 def check_loss_mode(name: str) -> None:
-    """Raise a one-line ConfigError unless `name` is a registered policy loss."""
+    """Raise a one-line ConfigError unless `name` is a registered policy loss taking one record."""
     try:
-        POLICY_LOSSES.get(name)
+        fn = POLICY_LOSSES.get(name)
     except RegistryError as e:
         raise ConfigError(f"actor.policy_loss.loss_mode: {e}") from None
+    if not takes_record(fn):
+        raise ConfigError(f"actor.policy_loss.loss_mode: policy loss {name!r} ({getattr(fn, '__qualname__', fn)}) "
+                          "must take one argument, an agentrl.algos.losses.PolicyLossInput, and return "
+                          "(loss, stats)")
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
@@ -62,9 +63,9 @@ def get_policy_loss(name: str) -> PolicyLoss:
     return POLICY_LOSSES.get(name)
 
 
-def policy_loss(name: str, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Stats]:
-    """Run the policy loss registered under `name` with `PolicyLoss`'s arguments."""
-    return get_policy_loss(name)(*args, **kwargs)
+def policy_loss(name: str, inputs: PolicyLossInput) -> tuple[torch.Tensor, Stats]:
+    """Run the policy loss registered under `name` on `inputs`."""
+    return get_policy_loss(name)(inputs)
 
 
 def _log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
@@ -83,99 +84,79 @@ def _weighted(losses: torch.Tensor, weights: torch.Tensor | None) -> torch.Tenso
     return losses if weights is None else losses * weights.detach()
 
 
+def _aggregate(losses: torch.Tensor, x: PolicyLossInput, mode: str) -> torch.Tensor:
+    """`aggregate` with the record's mask and mini-batch counts."""
+    return aggregate(losses, x.mask, mode, x.num_tokens, x.num_seqs, x.horizon)
+
+
 @register_policy_loss("gspo")
-def gspo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                     mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                     loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
-                     clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
-                     num_seqs: float | None = None, horizon: float | None = None,
-                     config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
+def gspo_policy_loss(x: PolicyLossInput) -> tuple[torch.Tensor, Stats]:
     """GSPO: PPO clip on the sequence-level ratio exp(mean_t log ratio), seq-mean-token-mean."""
-    log_ratio = logprobs - old_logprobs
-    lengths = mask.sum(dim=-1).clamp(min=1.0)
-    seq_log_ratio = (torch.where(mask > 0, log_ratio, torch.zeros_like(log_ratio)).sum(-1) / lengths)
-    token_log_ratio = logprobs - logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    log_ratio = x.logprobs - x.old_logprobs
+    lengths = x.mask.sum(dim=-1).clamp(min=1.0)
+    seq_log_ratio = (torch.where(x.mask > 0, log_ratio, torch.zeros_like(log_ratio)).sum(-1) / lengths)
+    token_log_ratio = x.logprobs - x.logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(token_log_ratio.clamp(max=10.0))
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    losses = _weighted(torch.maximum(unclipped, clipped), weights)
-    loss = aggregate(losses, mask, "seq-mean-token-mean", num_tokens, num_seqs, horizon)
-    return loss, _stats(masked_mean((clipped > unclipped).float(), mask), None, log_ratio, mask)
+    unclipped = -x.advantages * ratio
+    clipped = -x.advantages * ratio.clamp(1.0 - x.clip_ratio_low, 1.0 + x.clip_ratio_high)
+    losses = _weighted(torch.maximum(unclipped, clipped), x.weights)
+    loss = _aggregate(losses, x, "seq-mean-token-mean")
+    return loss, _stats(masked_mean((clipped > unclipped).float(), x.mask), None, log_ratio, x.mask)
 
 
 @register_policy_loss("cispo")
-def cispo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                      mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                      loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
-                      clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
-                      num_seqs: float | None = None, horizon: float | None = None,
-                      config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
+def cispo_policy_loss(x: PolicyLossInput) -> tuple[torch.Tensor, Stats]:
     """CISPO: -sg(clip(ratio)) * A * logp; the weight is clipped, no token loses its gradient."""
-    log_ratio = _log_ratio(logprobs, old_logprobs)
+    log_ratio = _log_ratio(x.logprobs, x.old_logprobs)
     ratio = torch.exp(log_ratio)
-    clipped = ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    losses = _weighted(-clipped.detach() * advantages * logprobs, weights)
-    loss = aggregate(losses, mask, loss_agg_mode, num_tokens, num_seqs, horizon)
-    return loss, _stats(masked_mean((ratio != clipped).float(), mask), None, log_ratio, mask)
+    clipped = ratio.clamp(1.0 - x.clip_ratio_low, 1.0 + x.clip_ratio_high)
+    losses = _weighted(-clipped.detach() * x.advantages * x.logprobs, x.weights)
+    loss = _aggregate(losses, x, x.loss_agg_mode)
+    return loss, _stats(masked_mean((ratio != clipped).float(), x.mask), None, log_ratio, x.mask)
 
 
 @register_policy_loss("sapo")
-def sapo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                     mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                     loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
-                     clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
-                     num_seqs: float | None = None, horizon: float | None = None,
-                     config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
+def sapo_policy_loss(x: PolicyLossInput) -> tuple[torch.Tensor, Stats]:
     """SAPO: -(4 / tau) sigmoid(tau (ratio - 1)) * A, tau by the sign of A; seq-mean-token-mean."""
-    tau_pos, tau_neg = (1.0, 1.05) if config is None else (config.tau_pos, config.tau_neg)
-    log_ratio = _log_ratio(logprobs, old_logprobs)
+    tau_pos, tau_neg = (1.0, 1.05) if x.config is None else (x.config.tau_pos, x.config.tau_neg)
+    log_ratio = _log_ratio(x.logprobs, x.old_logprobs)
     ratio = torch.exp(log_ratio)
-    tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+    tau = torch.where(x.advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    losses = _weighted(-gate * advantages, weights)
-    loss = aggregate(losses, mask, "seq-mean-token-mean", num_tokens, num_seqs, horizon)
-    return loss, _stats(None, None, log_ratio, mask)
+    losses = _weighted(-gate * x.advantages, x.weights)
+    loss = _aggregate(losses, x, "seq-mean-token-mean")
+    return loss, _stats(None, None, log_ratio, x.mask)
 
 
 @register_policy_loss("gmpo")
-def gmpo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                     mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                     loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
-                     clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
-                     num_seqs: float | None = None, horizon: float | None = None,
-                     config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
+def gmpo_policy_loss(x: PolicyLossInput) -> tuple[torch.Tensor, Stats]:
     """GMPO: per sequence -mean_t(A) * exp(mean_t clipped log ratio), averaged over sequences."""
-    log_ratio = logprobs - old_logprobs
-    sign = torch.sign(advantages)
-    bounded = log_ratio.clamp(-clip_ratio_low, clip_ratio_high)
+    log_ratio = x.logprobs - x.old_logprobs
+    sign = torch.sign(x.advantages)
+    bounded = log_ratio.clamp(-x.clip_ratio_low, x.clip_ratio_high)
     # The bound only binds on the side that would enlarge the update (sign of A), as verl.
     used = sign * torch.minimum(sign * log_ratio, sign * bounded)
-    on = mask > 0
-    lengths = mask.sum(dim=-1)
+    on = x.mask > 0
+    lengths = x.mask.sum(dim=-1)
     seq_ratio = torch.exp(torch.where(on, used, torch.zeros_like(used)).sum(-1) / (lengths + 1e-8))
-    seq_adv = torch.where(on, advantages, torch.zeros_like(advantages)).sum(-1) / (lengths + 1e-8)
+    seq_adv = torch.where(on, x.advantages, torch.zeros_like(x.advantages)).sum(-1) / (lengths + 1e-8)
     losses = -seq_adv * seq_ratio
-    if weights is not None:
-        log_w = torch.where(on, torch.log(weights.detach() + 1e-10), torch.zeros_like(used))
+    if x.weights is not None:
+        log_w = torch.where(on, torch.log(x.weights.detach() + 1e-10), torch.zeros_like(used))
         losses = losses * torch.exp(log_w.sum(-1) / (lengths + 1e-8))
-    seqs = num_seqs if num_seqs is not None else (lengths > 0).sum().clamp(min=1)
+    seqs = x.num_seqs if x.num_seqs is not None else (lengths > 0).sum().clamp(min=1)
     loss = torch.where(lengths > 0, losses, torch.zeros_like(losses)).sum() / seqs
     hit = (log_ratio != bounded).float()
-    return loss, _stats(masked_mean(hit * (advantages > 0), mask), masked_mean(hit * (advantages < 0), mask),
-                        log_ratio, mask)
+    upper, lower = masked_mean(hit * (x.advantages > 0), x.mask), masked_mean(hit * (x.advantages < 0), x.mask)
+    return loss, _stats(upper, lower, log_ratio, x.mask)
 
 
 register_policy_loss("geo_mean", gmpo_policy_loss)  # verl's name for GMPO
 
 
 @register_policy_loss("gpg")
-def gpg_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                    mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                    loss_agg_mode: str = "token-mean", num_tokens: float | None = None,
-                    clip_ratio_c: float | None = None, weights: torch.Tensor | None = None,
-                    num_seqs: float | None = None, horizon: float | None = None,
-                    config: PolicyLossConfig | None = None) -> tuple[torch.Tensor, Stats]:
+def gpg_policy_loss(x: PolicyLossInput) -> tuple[torch.Tensor, Stats]:
     """GPG: the plain policy gradient -A * logp, aggregated with `loss_agg_mode`."""
-    losses = _weighted(-advantages * logprobs, weights)
-    loss = aggregate(losses, mask, loss_agg_mode, num_tokens, num_seqs, horizon)
-    return loss, _stats(None, None, _log_ratio(logprobs, old_logprobs), mask)
+    losses = _weighted(-x.advantages * x.logprobs, x.weights)
+    loss = _aggregate(losses, x, x.loss_agg_mode)
+    return loss, _stats(None, None, _log_ratio(x.logprobs, x.old_logprobs), x.mask)

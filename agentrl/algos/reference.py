@@ -13,6 +13,7 @@ the first turn belong to no turn.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -116,7 +117,7 @@ def whiten(values: Rows, mask: Rows) -> Rows:
     return out
 
 
-def _spread(per_turn: list[Rows], mask: Rows) -> Rows:
+def _spread(per_turn: Rows, mask: Rows) -> Rows:
     """Give every generated id its turn's value: per_turn[b][k - 1] at the ids of turn k."""
     out = _zeros(len(mask), len(mask[0]) if mask else 0)
     for b, mrow in enumerate(mask):
@@ -149,26 +150,37 @@ def turn_scores(rewards: Rows, mask: Rows, turn: bool, gamma: float) -> list[lis
             for r, m in zip(rewards, mask)]
 
 
+def against_group(x: EstimatorInput, others_only: bool, score: Callable[[float, list[float]], float]) -> Rows:
+    """Each generated id's `score(g, pool)`: g its row's score (per turn under turn credit), pool
+    the same scores of the group's rows (or, `others_only`, its other rows).
+
+    Under turn credit, pool is turn k's returns of the rows that reached turn k; a turn no other
+    episode of a group of more than one reached gets 0 without a score. Otherwise pool holds the
+    rows' reward sums."""
+    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
+    turn = x.config.credit == "turn"
+    scores = turn_scores(rewards, mask, turn, x.config.gamma)
+    per_turn: Rows = [[] for _ in rewards]
+    for rows in groups(ids).values():
+        for row in rows:
+            others = [other for other in rows if other != row]
+            peers = others if others_only else rows
+            for k, g in enumerate(scores[row]):
+                pool = depth_pool(scores, peers, k) if turn else [sum(rewards[o]) for o in peers]
+                lone = turn and len(others) > 0 and not depth_pool(scores, others, k)
+                per_turn[row].append(0.0 if lone else score(g, pool))
+    return _spread(per_turn, mask)
+
+
 def grpo(x: EstimatorInput) -> Estimate:
     """GRPO: (score - group mean) / (group std + eps); a group of one keeps its raw score.
 
     Turn credit: turn k against turn k of the group's episodes; a turn no other episode reached
     gets 0 (its raw return in a group of one)."""
-    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
-    turn = x.config.credit == "turn"
-    scores = turn_scores(rewards, mask, turn, x.config.gamma)
-    adv: list[Rows] = [[] for _ in rewards]
-    for rows in groups(ids).values():
-        for row in rows:
-            adv[row] = []
-            for k, g in enumerate(scores[row]):
-                pool = depth_pool(scores, rows, k) if turn else [scores[other][0] for other in rows]
-                if turn and len(pool) == 1 and len(rows) > 1:
-                    adv[row].append(0.0)
-                    continue
-                mean, std = mean_std(pool) if len(pool) > 1 else (0.0, 1.0)
-                adv[row].append((g - mean) / (std + EPS) if x.config.norm_adv_by_std_in_grpo else g - mean)
-    out = _tensor(_spread(adv, mask), x.token_rewards)
+    def score(g: float, pool: list[float]) -> float:
+        mean, std = mean_std(pool) if len(pool) > 1 else (0.0, 1.0)
+        return (g - mean) / (std + EPS) if x.config.norm_adv_by_std_in_grpo else g - mean
+    out = _tensor(against_group(x, False, score), x.token_rewards)
     return out, out
 
 
@@ -177,19 +189,8 @@ def rloo(x: EstimatorInput) -> Estimate:
 
     Turn credit: turn k against turn k of the group's other episodes (0 if none reached it, in a
     group of more than one)."""
-    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
-    turn = x.config.credit == "turn"
-    scores = turn_scores(rewards, mask, turn, x.config.gamma)
-    adv: list[Rows] = [[] for _ in rewards]
-    for rows in groups(ids).values():
-        for row in rows:
-            others = [other for other in rows if other != row]
-            adv[row] = []
-            for k, g in enumerate(scores[row]):
-                pool = depth_pool(scores, others, k) if turn else [sum(rewards[o]) for o in others]
-                lone = turn and not pool and others
-                adv[row].append(0.0 if lone else g - (sum(pool) / len(pool) if pool else 0.0))
-    out = _tensor(_spread(adv, mask), x.token_rewards)
+    out = _tensor(against_group(x, True, lambda g, pool: g - (sum(pool) / len(pool) if pool else 0.0)),
+                  x.token_rewards)
     return out, out
 
 
@@ -218,18 +219,8 @@ def reinforce_plus_plus_baseline(x: EstimatorInput) -> Estimate:
 
     Turn credit: turn k minus the mean of turn k over the group; a turn no other episode reached
     gets 0 (its raw return in a group of one)."""
-    rewards, mask, ids = _rows(x.token_rewards), _rows(x.response_mask), x.index.tolist()
-    turn = x.config.credit == "turn"
-    scores = turn_scores(rewards, mask, turn, x.config.gamma)
-    centered: list[Rows] = [[] for _ in rewards]
-    for rows in groups(ids).values():
-        for row in rows:
-            centered[row] = []
-            for k, g in enumerate(scores[row]):
-                pool = depth_pool(scores, rows, k) if turn else [sum(rewards[o]) for o in rows]
-                lone = turn and len(pool) == 1 and len(rows) > 1
-                centered[row].append(0.0 if lone else g - (sum(pool) / len(pool) if len(pool) > 1 else 0.0))
-    out = _tensor(whiten(_spread(centered, mask), mask), x.token_rewards)
+    centered = against_group(x, False, lambda g, pool: g - (sum(pool) / len(pool) if len(pool) > 1 else 0.0))
+    out = _tensor(whiten(centered, _rows(x.response_mask)), x.token_rewards)
     return out, out
 
 

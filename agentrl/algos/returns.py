@@ -79,7 +79,8 @@ class TurnDepths:
         return table.gather(1, self.ids) * self.mask
 
 
-def group_stats(values: torch.Tensor, ids: torch.Tensor, size: int | None = None):
+def group_stats(values: torch.Tensor, ids: torch.Tensor,
+                size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-id count, mean and unbiased std of `values` (N,) with ids (N,) in [0, size)."""
     size = int(ids.max()) + 1 if size is None and ids.numel() else (size or 0)
     count = torch.zeros(size, dtype=values.dtype).index_add_(0, ids, torch.ones_like(values))

@@ -18,6 +18,7 @@ mini-batch), and sums with the groups' probabilities. No sampling: the result is
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 
@@ -91,7 +92,7 @@ def expected_update(config: AlgorithmConfig, logits: torch.Tensor, horizon: int 
     return (p_group.unsqueeze(1) * per_group).sum(0)
 
 
-def wait_bias(config: AlgorithmConfig, logits: torch.Tensor, **kwargs) -> float:
+def wait_bias(config: AlgorithmConfig, logits: torch.Tensor, **kwargs: Any) -> float:
     """The expected update's wait component over its right component: 0 for an estimator that is
     indifferent to waiting, > 0 when it teaches the policy to wait, < 0 when it teaches it not to."""
     update = expected_update(config, logits, **kwargs)

@@ -5,7 +5,7 @@ class here; option names follow verl."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 
 # ---------------------------------------------------------------------------- algorithm
@@ -120,14 +120,14 @@ class ActorConfig:
     """PPO clip range below 1 (ratio >= 1 - clip_ratio_low)."""
     clip_ratio_high: float = 0.2
     """PPO clip range above 1 (ratio <= 1 + clip_ratio_high); DAPO's clip-higher raises it."""
-    clip_ratio_c: Optional[float] = 3.0
+    clip_ratio_c: float | None = 3.0
     """Dual-clip bound (> 1) for negative advantages, as verl; null turns it off."""
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                            "seq-mean-token-sum-norm", "dr-grpo"] = "token-mean"
     """How token losses are averaged (verl's modes). seq-mean-token-sum-norm is verl's: all
     summed token losses / loss_scale_factor, no division by the number of episodes; dr-grpo is the
     Dr. GRPO paper's (TRL's dr_grpo): the same, also averaged over the mini-batch's episodes."""
-    loss_scale_factor: Optional[float] = None
+    loss_scale_factor: float | None = None
     """Constant divisor of seq-mean-token-sum-norm and dr-grpo; null = the most tokens an episode
     can generate (rollout.max_new_tokens * env.max_turns), our padded response length."""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
@@ -146,7 +146,7 @@ class ActorConfig:
     use_decoupled_loss: bool = False
     """AReaL's decoupled PPO: clip against the proximal policy (recomputed before the update)
     and weight by pi_prox / pi_behaviour, for stale samples."""
-    behav_imp_weight_cap: Optional[float] = None
+    behav_imp_weight_cap: float | None = None
     """Decoupled PPO: tokens whose behaviour weight exceeds this are dropped; null = no cap."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus (token-mean over generated ids); keeps a policy from

@@ -1,7 +1,7 @@
 """The checks of a loaded Config across its fields: impossible values and combinations, each one
 line naming the field and what would be accepted, before any work starts. `validate` runs them
 all, after every number has its range (limits.py) and every path its form (paths.py); what needs
-the user's modules, an env or a server comes later, still before any model (runtime/build/preflight.py)."""
+the user's modules, an env or a server comes later, still before any model (runtime/assembly/preflight.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # loading.py calls validate; the types only are needed here
 def validate(cfg: Config) -> None:
     """Reject impossible combinations before any work starts."""
     r, a, t = cfg.rollout, cfg.actor, cfg.trainer
+    check_engine_kind(cfg)  # as the type of a field: before any range
     check_limits(cfg)  # first: every number has its range, so every size below is bounded
     check_config_paths(cfg)
     if r.batch_size % r.group_size:
@@ -124,7 +125,7 @@ def _validate_env_groups(cfg: Config) -> None:
     if cfg.custom_envs and cfg.env != type(cfg.env)():
         raise ConfigError("both env and custom_envs are set: env is the shorthand for a one-env run; with "
                           "custom_envs, define every env there and leave env at its defaults")
-    for name, definition in cfg.custom_envs.items():
+    for name in cfg.custom_envs:
         if not name or "/" in name or name != name.strip():
             raise ConfigError(f"custom_envs name {name!r} must be non-empty, without '/' or outer spaces "
                               "(it becomes the metric prefix env/<name>/)")
@@ -166,6 +167,31 @@ def check_model_section(cfg: Config) -> None:
 
 
 # ---------------------------------------------------------------------------- engine and serve
+# The kinds runtime/assembly/engine_kinds/ registers (named here so that a config error needs no
+# import), and those of them that generate on inference servers. This module and the registry
+# are the only places that tell engine kinds apart by name: the run asks the kind's object.
+BUILTIN_ENGINE_KINDS = ("local", "remote", "vllm")
+SERVED_ENGINE_KINDS = ("remote", "vllm")
+
+
+def check_engine_kind(cfg: Config) -> None:
+    """engine.kind names a known kind (a module in `imports` may register more: checked once it is
+    imported, by the run plan)."""
+    if not cfg.imports:
+        check_engine_kind_name(cfg.engine.kind)
+
+
+def check_engine_kind_name(kind: str) -> None:
+    """`kind` is a built-in or registered engine kind: one line naming engine.kind and the kinds."""
+    from agentrl.registry import ENGINE_KINDS
+
+    known = [*BUILTIN_ENGINE_KINDS, *(n for n in ENGINE_KINDS.names() if n not in BUILTIN_ENGINE_KINDS)]
+    if kind not in known:
+        choices = ", ".join(repr(k) for k in known)
+        raise ConfigError(f"engine.kind={shown(kind)} is not allowed; choose one of {choices}."
+                          f"{did_you_mean(str(kind), known)}")
+
+
 def validate_serve(cfg: Config) -> None:
     """The engine placement and serve sections: one line per bad value."""
     e, s = cfg.engine, cfg.serve
@@ -291,7 +317,7 @@ def check_runtime(cfg: Config) -> None:
                           f"actor.ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} has fewer rows; raise it "
                           f"to at least {n}")
     # Combinations the Ray runtime does not place yet: refused by name rather than run differently.
-    if cfg.engine.kind != "local":
+    if cfg.engine.kind in SERVED_ENGINE_KINDS:
         _check_served_on_ray(cfg)
     on_gpu = [name for name, role in roles.items() if role.device_mapping]
     if cfg.device == "cuda" and "actor_train" not in on_gpu:
@@ -302,8 +328,9 @@ def check_runtime(cfg: Config) -> None:
     if rt.weight_sync == "nccl":
         train, infer = set(rt.actor_train.device_mapping[:1]), set(rt.actor_infer.device_mapping)
         if not train or not infer:
-            raise ConfigError("runtime.weight_sync=nccl broadcasts between GPUs: set runtime.actor_train.device_mapping "
-                              "and runtime.actor_infer.device_mapping (or weight_sync=auto)")
+            raise ConfigError("runtime.weight_sync=nccl broadcasts between GPUs: set "
+                              "runtime.actor_train.device_mapping and runtime.actor_infer.device_mapping "
+                              "(or weight_sync=auto)")
         if train & infer:
             raise ConfigError(f"runtime.weight_sync=nccl needs the engines on other GPUs than trainer rank 0 "
                               f"(GPU {sorted(train)[0]} is in runtime.actor_infer.device_mapping); NCCL cannot "

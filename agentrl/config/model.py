@@ -6,7 +6,7 @@ target_modules)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 
 @dataclass
@@ -78,12 +78,12 @@ class WarmStartConfig:
 class ModelConfig:
     """The policy model: a local Hugging Face directory, or the embedded tiny default."""
 
-    path: Optional[str] = None
+    path: str | None = None
     """Local directory in Hugging Face layout; None builds and warm-starts the embedded tiny model."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights of trainer and engine. bfloat16: both compute in it, the optimizer steps float32 master
     copies (engine/trainer logprob gap: see README); float32 keeps the two equal to ~1e-6."""
-    cache_dir: Optional[str] = None
+    cache_dir: str | None = None
     """Where warm-started tiny models are cached by config hash (default ~/.cache/agentrl)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """Shape of the embedded default model."""

@@ -68,9 +68,9 @@ def check_config_paths(cfg: Config) -> None:
             path = user_path(value, name)
             if name != "run_dir":  # the run folder's own checks come with the run (runtime/run_folder.py)
                 _not_under_a_file(path, value, name)
-    if cfg.engine.api_key_file is not None:  # a file, read where the key is needed (runtime/build/engines.py)
+    if cfg.engine.api_key_file is not None:  # a file, read where the key is needed (runtime/assembly/engines.py)
         user_path(cfg.engine.api_key_file, "engine.api_key_file")
-    if cfg.engine.vllm.python is not None:  # an interpreter, checked in the preflight (runtime/build/engines.py)
+    if cfg.engine.vllm.python is not None:  # an interpreter, checked in the preflight (runtime/assembly/engines.py)
         user_path(cfg.engine.vllm.python, "engine.vllm.python")
     for i, entry in enumerate(cfg.imports):
         if not entry.strip():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 WEIGHT_SYNC = ("auto", "object_store", "shm", "nccl", "file")
 
@@ -44,13 +44,13 @@ class RuntimeConfig:
     runtimes and on any machine, whatever its cores or OMP_NUM_THREADS. 1 by default: what a Ray
     actor of 1 CPU runs, and faster than 2 on a busy 2-core machine; raise it for large models on
     CPU (a Ray actor then runs more threads than the CPUs it reserves)."""
-    address: Optional[str] = None
+    address: str | None = None
     """Ray cluster to join (ray.init(address=...), e.g. auto or ray://head:10001); null starts a
     local cluster for the run and stops it at the end."""
-    num_cpus: Optional[int] = None
+    num_cpus: int | None = None
     """Logical CPUs of the local cluster a run starts (null: this machine's count). More than the
     machine has oversubscribes its cores on purpose."""
-    num_gpus: Optional[int] = None
+    num_gpus: int | None = None
     """GPUs of the local cluster a run starts (null: the ones Ray detects)."""
     actor_train: RoleConfig = field(default_factory=RoleConfig)
     """Trainer ranks: world_size > 1 trains data-parallel (torch DDP; gloo on CPU, NCCL on GPU)."""
@@ -86,7 +86,7 @@ class RuntimeConfig:
     collective_timeout: float = 600.0
     """Seconds a torch.distributed operation (gradient all-reduce, NCCL weight broadcast) may wait
     for a peer before failing."""
-    temp_dir: Optional[str] = None
+    temp_dir: str | None = None
     """Ray's session folder for a cluster the run starts (null: a fresh temporary folder, removed
     after a run that succeeds)."""
 
@@ -95,15 +95,16 @@ class RuntimeConfig:
 ADDRESS_FORM = re.compile(r"(?P<client>ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?")
 
 
-def placement_summary(rt: RuntimeConfig, engine_kind: str = "local", attached: bool = False) -> str:
+def placement_summary(rt: RuntimeConfig, served: bool = False, attached: bool = False, starts: str = "") -> str:
     """One line naming every role's workers, where they run and how requests reach the engines
-    (`engine_kind`: engine.kind; `attached`: the engines are the servers of engine.urls)."""
+    (`served`: the engine kind generates on inference servers; `attached`: the engines are the
+    servers of engine.urls; `starts`: what each engine replica starts, e.g. vLLM servers)."""
     def where(role: RoleConfig) -> str:
         return f"GPUs {role.device_mapping}" if role.device_mapping else f"{role.num_cpus:g} CPU each"
     infer = (f"actor_infer {rt.actor_infer.world_size} ({where(rt.actor_infer)})"
-             + (" starting vLLM servers" if engine_kind == "vllm" else ""))
+             + (f" starting {starts}" if starts else ""))
     if attached:
         infer = "actor_infer none (the servers of engine.urls)"
-    transport = rt.engine_transport if engine_kind == "local" else "http"  # served engines answer HTTP only
+    transport = "http" if served else rt.engine_transport  # served engines answer HTTP only
     return (f"actor_train {rt.actor_train.world_size} ({where(rt.actor_train)}), {infer}, env_managers "
             f"{rt.env_managers} ({rt.env_manager_num_cpus:g} CPU each) reaching the engines by {transport}")

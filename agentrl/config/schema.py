@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from agentrl.config.algo import ActorConfig, AlgorithmConfig, CriticConfig
 from agentrl.config.engine import EngineConfig
@@ -42,7 +42,7 @@ class AgentConfig:
 
     type: str = "chat"
     """Registered agent name (see agentrl.registry.register_agent)."""
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None
     """Optional system message; the env's instructions always open the first user message."""
     args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the agent's constructor, e.g. {turn_discount: 0.8} for math_retry."""
@@ -52,7 +52,7 @@ class AgentConfig:
 class CustomEnvConfig(EnvConfig):
     """One named env definition (ROLL's custom_envs entry): type, args, max_turns, and an agent."""
 
-    agent: Optional[AgentConfig] = None
+    agent: AgentConfig | None = None
     """This env's own agent; null plays it with the top-level agent section."""
 
 
@@ -132,7 +132,7 @@ class RolloutConfig:
     """With max_staleness >= 1: correct samples from older policies with the decoupled PPO
     objective (actor.use_decoupled_loss, turned on unless actor.tis_imp_ratio_cap is set), or
     drop every group not generated wholly by the current policy."""
-    episode_timeout: Optional[float] = 600.0
+    episode_timeout: float | None = 600.0
     """Seconds one episode attempt may take before it is ended as a timeout and retried (warm-start
     demonstrations and random play included). The default is far above a normal episode, so an env
     that hangs costs its step 10 minutes, not the run; a loop blocked that long by synchronous env
@@ -203,7 +203,7 @@ class Config:
     """auto uses CUDA when present."""
     output_dir: str = "runs"
     """Parent folder of run folders."""
-    run_dir: Optional[str] = None
+    run_dir: str | None = None
     """Exact run folder (overrides output_dir/exp_name)."""
     imports: list[str] = field(default_factory=list)
     """Python modules or .py files imported before the run is built, e.g. one that registers its

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 from agentrl.errors import ConfigError, shown
 
@@ -21,11 +20,11 @@ class ServeConfig:
     the address bound, offline, so a name only a resolver knows (127.0.0.1.nip.io) needs the key."""
     port: int = 8000
     """TCP port; 0 picks a free one (printed at start)."""
-    api_key: Optional[str] = None
+    api_key: str | None = None
     """Requests must send `Authorization: Bearer <api_key>` on every route but /health (401
     otherwise). Null: the generation routes are open to this machine, and the control routes
     (weights, state, cache, metrics) take the admin key made at start-up instead."""
-    served_model_name: Optional[str] = None
+    served_model_name: str | None = None
     """The model id in /v1/models (vLLM's name); null: the folder name of model.path, or agentrl."""
     max_tokens: int = 2048
     """Largest max_tokens a request may ask (a larger one is a 400); the default when it asks none."""
@@ -38,7 +37,7 @@ class ServeConfig:
     plus the header) caps it further, counted as it streams in."""
     max_inflight: int = 4096
     """Most generation requests in progress at once; beyond it requests are answered 429."""
-    weights_dir: Optional[str] = None
+    weights_dir: str | None = None
     """A folder the weight-update route may load safetensors files from (JSON `{path, version}`:
     a run's engine.weights_dir on a disk both share); null: weights come in the request body only.
     A path outside the folder (a link leading out included) is answered as a missing file is."""

@@ -128,4 +128,5 @@ def load_yaml(text: str, source: str = "<string>") -> Any:
     except YamlLimitError as e:
         raise ConfigError(f"{source}: the YAML {e}") from None
     except ValueError as e:  # a value YAML's constructors cannot make: 5000 digits, a 13th month
-        raise ConfigError(f"{source}: the YAML holds a value it cannot read: {str(e).splitlines()[0][:SHOWN_MAX]}") from None
+        raise ConfigError(f"{source}: the YAML holds a value it cannot read: "
+                          f"{str(e).splitlines()[0][:SHOWN_MAX]}") from None

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+
 def short(value: Any, limit: int = 60) -> str:
     """repr(value) cut to `limit` characters, for messages about huge values."""
     text = repr(value)

@@ -63,12 +63,13 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import MAPS, generate_random_map
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as _GymFrozenLake
+from gymnasium.spaces import Discrete
 
 from agentrl.envs.args import REWARD_MAX, STEPS_MAX, check_arg, is_count, is_int, is_number, is_reward
 from agentrl.envs.parsing import DIRECTIONS, parse_direction
@@ -150,7 +151,7 @@ def best_blind_success(
     for d in descs:
         key = tuple(_rows(d))
         counts[key] = counts.get(key, 0) + 1
-    tables = [_tables(e.P, e.observation_space.n) for e in _lakes(list(counts), is_slippery)]
+    tables = [_tables(e.P, _n_states(e)) for e in _lakes(list(counts), is_slippery)]
     if len({t[0].shape for t in tables}) != 1:
         raise ConfigError("best_blind_success needs one or more maps, all of one size")
     goal = np.stack([t[0] for t in tables])  # (maps, actions, states)
@@ -198,6 +199,11 @@ def goal_distances(desc: list[str]) -> np.ndarray:
                     nxt.append(k)
         frontier = nxt
     return dist
+
+
+def _n_states(lake: _GymFrozenLake) -> int:
+    """The number of cells of `lake` (its observation space is a Discrete of them)."""
+    return int(cast(Discrete, lake.observation_space).n)
 
 
 def _lakes(descs: list, is_slippery: bool) -> list[_GymFrozenLake]:
@@ -272,15 +278,26 @@ class FrozenLakeEnv:
         )
 
     def _optimal(self) -> float:
-        lake = self._gym.unwrapped
-        return optimal_success(lake.P, lake.observation_space.n, self.max_steps)
+        lake = self._lake
+        return optimal_success(lake.P, _n_states(lake), self.max_steps)
+
+    @property
+    def _env(self) -> gym.Env:
+        """The Gymnasium env of the current map (set by reset, or at init for a fixed map)."""
+        if self._gym is None:
+            raise EnvError("frozen_lake: call reset() before reading the map")
+        return self._gym
+
+    @property
+    def _lake(self) -> _GymFrozenLake:
+        """The unwrapped Gymnasium lake of the current map (its P, desc, nrow and ncol)."""
+        # gym.make("FrozenLake-v1") wraps Gymnasium's FrozenLakeEnv; its stubs type unwrapped as Env.
+        return cast(_GymFrozenLake, self._env.unwrapped)
 
     @property
     def desc(self) -> list[str]:
         """The current map as letter rows (S start, F ice, H hole, G goal)."""
-        if self._gym is None:
-            raise EnvError("frozen_lake: call reset() before reading the map")
-        return _rows(self._gym.unwrapped.desc)
+        return _rows(self._lake.desc)
 
     @property
     def position(self) -> int:
@@ -289,12 +306,16 @@ class FrozenLakeEnv:
 
     def _cell(self) -> str:
         """The letter of the cell the player stands on."""
-        side = self._gym.unwrapped.ncol
-        return self._gym.unwrapped.desc[self._pos // side, self._pos % side].decode()
+        lake = self._lake
+        side = lake.ncol
+        # Gymnasium keeps desc as a bytes array (np.asarray(desc, dtype="c")), typed as its list argument.
+        desc = cast(np.ndarray, lake.desc)
+        return desc[self._pos // side, self._pos % side].decode()
 
     def _board(self) -> str:
-        lines = [render_board(self._gym.unwrapped.desc, self._pos)]
-        row, col = divmod(self._pos, self._gym.unwrapped.ncol)
+        lake = self._lake
+        lines = [render_board(lake.desc, self._pos)]
+        row, col = divmod(self._pos, lake.ncol)
         if self.show_position:
             lines.append(f"P: row {row + 1}, column {col + 1}.")
         if self.show_neighbours:
@@ -309,7 +330,7 @@ class FrozenLakeEnv:
             if self._gym is not None:
                 self._gym.close()
             self._gym = self._make(generate_random_map(size=self.size, p=self.frozen_prob, seed=seed))
-        self._pos, _ = self._gym.reset(seed=seed)
+        self._pos, _ = self._env.reset(seed=seed)
         self._dist = goal_distances(self.desc)
         self._steps = 0
         self._done = False
@@ -327,7 +348,7 @@ class FrozenLakeEnv:
             reward = self.format_penalty
         else:
             before = self._potential(self._pos)
-            self._pos, _, terminated, truncated, _ = self._gym.step(move)
+            self._pos, _, terminated, truncated, _ = self._env.step(move)
             cell = self._cell()
             reward = {"G": self.success_reward, "H": self.hole_reward}.get(cell, self.step_reward)
             if cell != "H":  # a hole ends the episode and keeps the progress made (see Rewards)
@@ -345,8 +366,10 @@ class FrozenLakeEnv:
         return self._board(), float(reward), bool(terminated), truncated, info
 
     def _potential(self, pos: int) -> float:
-        start = self._dist[0]
-        return -float(self._dist[pos]) / start if start > 0 else 0.0
+        dist = self._dist
+        assert dist is not None  # set by reset(); step(), the only caller, refuses to run before it
+        start = dist[0]
+        return -float(dist[pos]) / start if start > 0 else 0.0
 
     def eval_baselines(self, trajectories: list) -> dict[str, float]:
         """The best map-blind policy (one action sequence for every map) on the evaluated maps."""
@@ -378,9 +401,9 @@ class FrozenLakeEnv:
         if self.is_slippery:  # Gymnasium's transition table: (probability, next cell, reward, done)
             cells = "".join(self.desc)
             risk = [sum(p for p, nxt, _, _ in outcomes if cells[nxt] == "H")
-                    for outcomes in self._gym.unwrapped.P[self._pos].values()]
+                    for outcomes in self._lake.P[self._pos].values()]
             return [name for name, r in zip(ACTION_NAMES, risk) if r <= min(risk) + 1e-9]
-        side, rows = self._gym.unwrapped.ncol, self._gym.unwrapped.nrow
+        side, rows = self._lake.ncol, self._lake.nrow
         row, col = divmod(self._pos, side)
         targets = ((row, col - 1), (row + 1, col), (row, col + 1), (row - 1, col))  # L, D, R, U
         return [name for name, (r, c) in zip(ACTION_NAMES, targets) if 0 <= r < rows and 0 <= c < side]

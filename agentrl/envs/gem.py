@@ -152,7 +152,8 @@ def make_gem(env_id: str, kwargs: dict[str, Any]) -> Any:
     except Exception as e:
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # nltk colours its messages
         first = next((line.strip() for line in text.splitlines() if any(c.isalnum() for c in line)), "")
-        raise ConfigError(f"gem: gem.make({shown(env_id)}, **{shown(kwargs)}) failed: {type(e).__name__}: {first}") from None
+        raise ConfigError(f"gem: gem.make({shown(env_id)}, **{shown(kwargs)}) failed: "
+                          f"{type(e).__name__}: {first}") from None
 
 
 def join(observation: str, info: dict[str, Any]) -> str:
@@ -170,7 +171,8 @@ class GemEnv:
                  baseline_plays: int = 4, reward: str = "gem") -> None:
         check_arg("gem", isinstance(env_id, str) and bool(env_id), "env_id", env_id,
                   "a GEM registry id such as 'game:Sokoban-v0-easy'")
-        check_arg("gem", kwargs is None or isinstance(kwargs, dict), "kwargs", kwargs, "a mapping of gem.make arguments")
+        check_arg("gem", kwargs is None or isinstance(kwargs, dict), "kwargs", kwargs,
+                  "a mapping of gem.make arguments")
         check_arg("gem", is_count(baseline_plays, 1, 1000), "baseline_plays", baseline_plays, "an int from 1 to 1000")
         check_arg("gem", reward in REWARDS, "reward", reward,
                   "'gem' (GEM's own rewards) or 'success' (1 for a successful episode, GEM's penalties, else 0)")

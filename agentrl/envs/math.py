@@ -54,8 +54,8 @@ from typing import Any
 from agentrl.envs.args import REWARD_MAX, is_number, is_reward
 from agentrl.envs.math_grader import shared_grader
 from agentrl.envs.table import read_table
-from agentrl.envs.text import answer_content
-from agentrl.errors import ConfigError, EnvError, shown
+from agentrl.envs.text import question_step
+from agentrl.errors import ConfigError, shown
 from agentrl.registry import register_env
 
 SUFFIXES = (".jsonl", ".json", ".parquet")  # not CSV: its reader infers types (an answer 0.50 would read 0.5)
@@ -136,12 +136,14 @@ class MathEnv:
                               f"{min_operand}..{max_operand}, num_ops={num_ops}")
         if not isinstance(ops, str) or not ops or set(ops) - set(OPERATORS):
             raise ConfigError(f"math: ops={shown(ops)} must be a non-empty string of operators from {OPERATORS!r}")
-        for name, value in dict(correct_reward=correct_reward, wrong_reward=wrong_reward,
-                                format_penalty=format_penalty).items():
-            if not is_reward(value):
-                raise ConfigError(f"math: {name}={shown(value)} must be a number from -{REWARD_MAX:g} to {REWARD_MAX:g}")
+        for name, amount in dict(correct_reward=correct_reward, wrong_reward=wrong_reward,
+                                 format_penalty=format_penalty).items():
+            if not is_reward(amount):
+                raise ConfigError(f"math: {name}={shown(amount)} must be a number from "
+                                  f"-{REWARD_MAX:g} to {REWARD_MAX:g}")
         if not is_number(timeout) or not 0 < timeout <= TIMEOUT_MAX:
-            raise ConfigError(f"math: timeout={shown(timeout)} must be a number of seconds > 0, at most {TIMEOUT_MAX:g}")
+            raise ConfigError(f"math: timeout={shown(timeout)} must be a number of seconds > 0, "
+                              f"at most {TIMEOUT_MAX:g}")
         self.rows = load_problems(dataset_path, question_key, answer_key) if dataset_path else None
         self.min_operand, self.max_operand, self.num_ops, self.ops = min_operand, max_operand, num_ops, ops
         self.correct_reward, self.wrong_reward = float(correct_reward), float(wrong_reward)
@@ -165,11 +167,8 @@ class MathEnv:
 
     async def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Grade `action` as an answer to the current question; always ends the episode."""
-        if self.answer is None:
-            raise EnvError("math: step() before reset(); call reset() first")
-        reply = action if isinstance(action, str) else ""
-        content = answer_content(reply)
-        grade = await shared_grader().grade(self.answer, content, self.timeout, expression=content != reply)
+        answer, reply, content = question_step("math", self.answer, action)
+        grade = await shared_grader().grade(answer, content, self.timeout, expression=content != reply)
         reward = self.correct_reward if grade.correct else (self.wrong_reward if grade.parsed else self.format_penalty)
         info = {"success": grade.correct, "action_valid": grade.parsed,
                 "metrics": {"grader_timeout": float(grade.timed_out)}}

@@ -54,8 +54,8 @@ from typing import Any
 
 from agentrl.atomic import write_atomic
 from agentrl.config.paths import user_path
-from agentrl.envs.text import answer_content
-from agentrl.errors import ConfigError, EnvError, shown
+from agentrl.envs.text import question_step
+from agentrl.errors import ConfigError, shown
 from agentrl.registry import register_env
 
 SYLLABLES = ("ka", "lo", "mir", "ven", "tas", "dor", "qui", "bel", "nor", "sul", "ra", "fen", "tor", "vi", "gal",
@@ -190,12 +190,9 @@ class MultihopEnv:
 
     async def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Grade the answer; always ends the episode."""
-        if self.answer is None:
-            raise EnvError("multihop: step() before reset(); call reset() first")
-        reply = action if isinstance(action, str) else ""
-        content = answer_content(reply)
+        answer, reply, content = question_step("multihop", self.answer, action)
         valid = content != reply
-        correct = valid and _fold(content) == _fold(self.answer)
+        correct = valid and _fold(content) == _fold(answer)
         reward = 1.0 if correct else (0.0 if valid else -0.1)
         return ("Correct." if correct else "Wrong."), reward, True, False, {"success": correct, "action_valid": valid}
 

@@ -77,8 +77,8 @@ def load_dataset(name: str, config: dict[str, Any], seed: int, size: int | None)
         except (TypeError, ValueError, AssertionError) as e:
             hint = (f" (with args.size null it is asked for {UNBOUNDED} items; set args.size to the number of "
                     "questions it should hold)" if size is None else "")
-            raise ConfigError(f"reasoning_gym: dataset {shown(name)} rejects config {shown(config)}: {type(e).__name__}: "
-                              f"{e}{hint}") from None
+            raise ConfigError(f"reasoning_gym: dataset {shown(name)} rejects config {shown(config)}: "
+                              f"{type(e).__name__}: {e}{hint}") from None
     return key, _DATASETS[key]
 
 
@@ -93,7 +93,8 @@ class ReasoningGymEnv:
                   "a mapping of the dataset's config fields")
         check_arg("reasoning_gym", is_count(seed, 0, 2**63 - 1), "seed", seed, "an int from 0 to 2^63 - 1")
         # Some datasets generate every item up front: a size is a loop of that length before any work.
-        check_arg("reasoning_gym", size is None or is_count(size, 1, 10**6), "size", size, "null or an int from 1 to 10^6")
+        check_arg("reasoning_gym", size is None or is_count(size, 1, 10**6), "size", size,
+                  "null or an int from 1 to 10^6")
         check_arg("reasoning_gym", is_number(success_threshold) and 0 < success_threshold <= 1,
                   "success_threshold", success_threshold, "a number in (0, 1]")
         check_arg("reasoning_gym", is_reward(format_penalty), "format_penalty", format_penalty,

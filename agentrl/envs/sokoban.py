@@ -258,10 +258,11 @@ class SokobanEnv:
         return self._room
 
     def _observation(self) -> str:
-        lines = [render_room(self._room)] if self.show_grid else []
-        lines += [position_line(self._room)] if self.show_position else []
-        lines += [neighbour_line(self._room)] if self.show_neighbours else []
-        lines += [offset_line(self._room)] if self.show_offsets else []
+        room = self.room
+        lines = [render_room(room)] if self.show_grid else []
+        lines += [position_line(room)] if self.show_position else []
+        lines += [neighbour_line(room)] if self.show_neighbours else []
+        lines += [offset_line(room)] if self.show_offsets else []
         return "\n".join(lines)
 
     async def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
@@ -297,18 +298,19 @@ class SokobanEnv:
         direction = parse_direction(action)
         self._steps += 1
         reward = self.step_reward
-        before = self._room
+        before = after = self.room
         pushed = False
         if direction is None:
             reward += self.format_penalty
         else:
-            self._room, pushed = before.move(direction)
+            after, pushed = before.move(direction)
+            self._room = after
             self._pushes += pushed
-            gained = self._room.on_target - before.on_target
+            gained = after.on_target - before.on_target
             reward += gained * (self.box_on_target_reward if gained > 0 else -self.box_off_target_reward)
-            if self.progress_reward and self._room is not before:
-                reward += self._shaping(before, self._room)
-        terminated = self._room.solved
+            if self.progress_reward and after is not before:
+                reward += self._shaping(before, after)
+        terminated = after.solved
         if terminated:
             reward += self.success_reward
         truncated = not terminated and self._steps >= self.max_steps
@@ -341,7 +343,7 @@ class SokobanEnv:
         return self._potentials[key]
 
     def _metrics(self, solved: bool) -> dict[str, float]:
-        metrics = {"boxes_on_target": float(self._room.on_target), "steps": float(self._steps),
+        metrics = {"boxes_on_target": float(self.room.on_target), "steps": float(self._steps),
                    "pushes": float(self._pushes)}
         if self._solution is not None:
             metrics.update(optimal_moves=float(self._solution.moves),

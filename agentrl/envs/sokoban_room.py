@@ -46,7 +46,7 @@ class Room:
         """Index offsets of Left, Down, Right, Up."""
         return (-1, self.cols, 1, -self.cols)
 
-    def move(self, direction: int) -> tuple["Room", bool]:
+    def move(self, direction: int) -> tuple[Room, bool]:
         """The room after the player tries `direction` (index into STEP_NAMES) and whether a
         box was pushed; a move into a wall or an unpushable box leaves the room as it is."""
         d = self.steps()[direction]

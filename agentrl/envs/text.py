@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from agentrl.errors import EnvError
+
 OPEN, CLOSE = "<answer>", "</answer>"
 
 
@@ -18,3 +20,12 @@ def answer_content(text: str) -> str:
     if start != -1 and text.find(CLOSE, start) == -1:
         return text[start + len(OPEN):]
     return text
+
+
+def question_step(env: str, answer: str | None, action: object) -> tuple[str, str, str]:
+    """(right answer, reply, the reply's answer content) for a question env's step: a reply that is
+    not a string reads as "", and a step before the first reset (no right answer yet) is an EnvError."""
+    if answer is None:
+        raise EnvError(f"{env}: step() before reset(); call reset() first")
+    reply = action if isinstance(action, str) else ""
+    return answer, reply, answer_content(reply)

@@ -244,13 +244,14 @@ def check_chat_template(tokenizer: Tokenizer, system_prompt: str | None = None, 
         conv.add_message("system", system_prompt)
     conv.add_message("user", "Instructions.\nObservation 0.")
     eos = tokenizer.eos_token_id
+    ends = (eos,) if eos is not None else ()  # a tokenizer without EOS: replies end without a stop id
     for k in range(turns):
         text = f"<answer>{k}</answer>"
         if tools and k == 0:
             name = tools[0]["function"]["name"]
             text = f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n</tool_call>'
-        reply = tokenizer.encode(text, add_special_tokens=False) + [eos]
-        conv.add_completion(Completion(reply, [0.0] * len(reply), "stop"), (eos,))
+        reply = tokenizer.encode(text, add_special_tokens=False) + list(ends)
+        conv.add_completion(Completion(reply, [0.0] * len(reply), "stop"), ends)
         if tools and k == 0:
             conv.add_messages([{"role": "tool", "content": "Answer 1."}, {"role": "tool", "content": "Answer 2."}])
         else:

@@ -134,7 +134,9 @@ def _spell(tokenizer: Tokenizer, token: str) -> list[int]:
             pre = backend.pre_tokenizer
             pieces = [piece for piece, _ in pre.pre_tokenize_str(text)] if pre is not None else [text]
             return [t.id for piece in pieces for t in backend.model.tokenize(piece)]
-        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        # call-arg: a transformers tokenizer's encode takes split_special_tokens; the Tokenizer protocol
+        # (agentrl/tokenizer.py) names only what every tokenizer takes
+        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))  # type: ignore[call-arg]
 
     newline = plain("\n")
     ids = plain("\n" + token)

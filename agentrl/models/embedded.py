@@ -3,7 +3,7 @@ machine (nothing downloaded), cached by everything it depends on, and its tokeni
 
 This module owns the cache: where it lives, its key, loading a cached model (a damaged entry is
 rebuilt, not blamed on model.path) and the tokenizer folders seed agents load from. How a new
-model is built and warm-started is the runtime's recipe (runtime/build/policy.py), handed in as `build`.
+model is built and warm-started is the warm start's recipe (warm_start/recipe.py), handed in as `build`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -16,6 +17,13 @@ offline()  # never reach for a hub: paths are local folders (also for callers th
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class _SavesPretrained(Protocol):
+    """A model that writes itself in Hugging Face layout (a transformers or peft model)."""
+
+    def save_pretrained(self, save_directory: str | os.PathLike[str], *, safe_serialization: bool = ...) -> Any:
+        """Write config and weights into `save_directory`."""
 
 
 def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[torch.nn.Module, Tokenizer]:
@@ -57,7 +65,8 @@ def _load_tokenizer(path: Path) -> Tokenizer:
     cls_name = json.loads(cfg_file.read_text()).get("tokenizer_class") if cfg_file.is_file() else None
     if cls_name in ("TokenizersBackend", "PreTrainedTokenizerFast") and (path / "tokenizer.json").is_file():
         return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
+    # A transformers tokenizer is a Tokenizer at run time; its stubs' decode takes and returns wider types.
+    return cast(Tokenizer, AutoTokenizer.from_pretrained(path))
 
 
 def save_pretrained(model: torch.nn.Module, tokenizer: Tokenizer | None, path: str | Path) -> Path:
@@ -70,7 +79,7 @@ def save_pretrained(model: torch.nn.Module, tokenizer: Tokenizer | None, path: s
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    cast(_SavesPretrained, model).save_pretrained(tmp, safe_serialization=True)  # nn.Module's typing lacks it
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     old = dst.with_name(dst.name + ".old")

@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from agentrl.config.model import LoraConfig
 from agentrl.errors import ConfigError
+
+if TYPE_CHECKING:  # peft is the optional extra `lora`, imported where LoRA is used
+    from peft import PeftModel
 
 ADAPTER_CONFIG = "__peft_lora_config__"  # the marker key of an adapter state (its value is a dict)
 ALL_LINEAR = "all-linear"
@@ -68,13 +71,15 @@ def is_peft(model: torch.nn.Module) -> bool:
 def base_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The base weights of a model with LoRA layers injected, under the names of the model without
     them (what a server loads as its base); a model without adapters: its state dict."""
-    inner = model.get_base_model() if is_peft(model) else model
+    # is_peft: peft's PeftModel (nn.Module's own typing reads an unknown attribute as a Tensor)
+    inner = cast("PeftModel", model).get_base_model() if is_peft(model) else model
     return {k.replace(".base_layer.", "."): t.detach() for k, t in inner.state_dict().items() if "lora_" not in k}
 
 
 def linear_names(model: torch.nn.Module) -> set[str]:
     """The last name part of every linear layer but the output head (what target_modules match)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    output_embeddings = getattr(model, "get_output_embeddings", None)  # transformers models have it
+    head = output_embeddings() if output_embeddings is not None else None
     return {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
             if isinstance(m, torch.nn.Linear) and m is not head}
 
@@ -104,7 +109,7 @@ def adapter_state(model: torch.nn.Module) -> dict[str, Any]:
     from peft import get_peft_model_state_dict
 
     tensors = {k: v.detach() for k, v in get_peft_model_state_dict(model).items()}
-    return {**tensors, ADAPTER_CONFIG: config_dict(model.peft_config["default"])}
+    return {**tensors, ADAPTER_CONFIG: config_dict(cast("PeftModel", model).peft_config["default"])}
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -151,7 +156,7 @@ def _adapter_params(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) ->
     if not hasattr(model, "peft_config"):
         return None
     params = dict(model.named_parameters())
-    found = {}
+    found: dict[str, torch.Tensor] = {}
     for key in tensors:
         stem, dot, leaf = key.rpartition(".")
         name = f"{stem}.default{dot}{leaf}"

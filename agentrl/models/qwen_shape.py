@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -81,11 +81,14 @@ def build_qwen_shaped(shape: str, path: str | Path, *, seed: int = 0, corpus: It
     from agentrl.models.tiny import build_tokenizer
 
     texts = [*GENERIC_CORPUS, *corpus] * 4
-    tokenizer = build_tokenizer(texts, tokenizer_vocab, chat_template=QWEN_CHAT_TEMPLATE, pad_token="<|endoftext|>")
+    # A transformers tokenizer is a Tokenizer at run time; its stubs' decode takes and returns wider types.
+    tokenizer = cast(Tokenizer, build_tokenizer(texts, tokenizer_vocab, chat_template=QWEN_CHAT_TEMPLATE,
+                                                pad_token="<|endoftext|>"))
     config = qwen_config(shape, tokenizer, **overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(dtype)
+        # transformers wraps to() in functools.wraps(nn.Module.to), typed with the unbound self first
+        model = Qwen2ForCausalLM(config).to(dtype)  # type: ignore[arg-type]
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return save_pretrained(model, tokenizer, path)

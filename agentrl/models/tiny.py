@@ -102,7 +102,7 @@ def tiny_config(cfg: TinyModelConfig, vocab_size: int, eos_token_id: int | None 
         num_key_value_heads=cfg.num_key_value_heads,
         max_position_embeddings=cfg.max_position_embeddings,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
+        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},  # what rope_theta=10000.0 becomes
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         bos_token_id=None,

@@ -58,8 +58,8 @@ DISCARD_CAUSES = ("filtered", "stale", "failed", "aborted")
 class TagSpec:
     """How episodes of one tag are played: a fresh env per episode, and the agent."""
 
-    env_factory: Callable[[], "Env"]
-    agent: "Agent"
+    env_factory: Callable[[], Env]
+    agent: Agent
 
 
 @dataclass
@@ -102,7 +102,8 @@ class CollectResult:
         """rollout/* counts of failures, retries, dropped groups, extra segments, discarded ids
         (rollout/discarded_tokens and one sub-key per cause) and the versions of the trained ids."""
         out = {f"rollout/failures_{kind}": float(n) for kind, n in self.failures.items()}
-        out.update({"rollout/errors": float(len(self.errors)), "rollout/retries": float(self.retries), "rollout/failed_episodes": float(self.failed_episodes),
+        out.update({"rollout/errors": float(len(self.errors)), "rollout/retries": float(self.retries),
+                    "rollout/failed_episodes": float(self.failed_episodes),
                     "rollout/dropped_groups": float(self.dropped_groups), "rollout/segments": float(self.segments)})
         discarded = dict(self.discarded)
         if self.handed_ids is not None:  # the trainer's own filters ran after the source handed them over
@@ -147,13 +148,17 @@ class GuardedEnv:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
 
-    async def reset(self, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The env's `method`, its own exceptions raised as EnvFailure."""
         try:
-            result = await self._env.reset(*args, **kwargs)
+            return await getattr(self._env, method)(*args, **kwargs)
         except BaseException as e:
             if must_propagate(e):  # a cancellation, a real Ctrl-C
                 raise
-            raise EnvFailure(_describe(e, "reset")) from e
+            raise EnvFailure(_describe(e, method)) from e
+
+    async def reset(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self._call("reset", *args, **kwargs)
         self._check("reset", reset_problem(result, per_answer=self._per_answer))
         if not self._reset and isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
             self.reset_info = dict(result[1])
@@ -161,12 +166,7 @@ class GuardedEnv:
         return result
 
     async def step(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            result = await self._env.step(*args, **kwargs)
-        except BaseException as e:
-            if must_propagate(e):  # a cancellation, a real Ctrl-C
-                raise
-            raise EnvFailure(_describe(e, "step")) from e
+        result = await self._call("step", *args, **kwargs)
         self._check("step", step_problem(result, strict=False, per_answer=self._per_answer))
         return result
 
@@ -215,7 +215,7 @@ class RolloutCollector:
     fails the episode as an agent error.
     """
 
-    def __init__(self, tags: Mapping[str, TagSpec], llm: "LLMClient", *,
+    def __init__(self, tags: Mapping[str, TagSpec], llm: LLMClient, *,
                  timeout: float | None = None, max_retries: int = 0, vocab_size: int | None = None) -> None:
         if not tags:
             raise ValueError("RolloutCollector needs at least one tag")
@@ -226,7 +226,7 @@ class RolloutCollector:
         self.vocab_size = vocab_size  # token ids an agent returns must lie below it (None: unchecked)
 
     @classmethod
-    def single(cls, env_factory: Callable[[], "Env"], agent: "Agent", llm: "LLMClient", tag: str = "",
+    def single(cls, env_factory: Callable[[], Env], agent: Agent, llm: LLMClient, tag: str = "",
                **kw: Any) -> RolloutCollector:
         """A collector of one env and one agent (tasks carry `tag`, "" by default)."""
         return cls({tag: TagSpec(env_factory, agent)}, llm, **kw)
@@ -277,7 +277,8 @@ class RolloutCollector:
         try:
             thread.run(play_all)
         except LoopBlocked as e:
-            culprit = owner.get(thread.running_task())
+            running = thread.running_task()
+            culprit = owner.get(running) if running is not None else None
             if culprit is None:  # blocked outside any episode: nothing to blame, nothing to replay
                 raise
             thread.abandon()  # should the blocking call ever return, its episodes stop there
@@ -285,7 +286,9 @@ class RolloutCollector:
         return None, 0.0
 
     async def _owned_play(self, ep: _Episode, owner: dict[asyncio.Task, _Episode]) -> None:
-        owner[asyncio.current_task()] = ep
+        task = asyncio.current_task()
+        assert task is not None  # gather runs each of play_all's coroutines in a task of its own
+        owner[task] = ep
         await self._play(ep)
 
     def _check_tags(self, tasks: list[Task]) -> None:
@@ -331,7 +334,7 @@ class RolloutCollector:
             else:
                 ep.out, ep.done = out, True
 
-    async def _attempt(self, task: Task, llm: "LLMClient") -> list[Trajectory]:
+    async def _attempt(self, task: Task, llm: LLMClient) -> list[Trajectory]:
         # The env is built inside the attempt's own task (wait_for runs it in a new one), so
         # clients that map episodes to envs by asyncio task see the pairing they expect.
         spec = self.tags[task.tag]

@@ -109,7 +109,7 @@ class Curriculum:
         for group in groups:
             first = group[0] if group else None
             i = self.index.get(first.env_seed) if first is not None else None
-            if i is None or first.tag not in self.estimates:
+            if first is None or i is None or first.tag not in self.estimates:
                 continue  # not a pool task
             rate = group_success(group)
             p, n = self.estimates[first.tag].get(i, (rate, 0))

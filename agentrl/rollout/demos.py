@@ -21,7 +21,7 @@ import asyncio
 import math
 import random
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from agentrl.llm.engine import Completion, SamplingParams, episode_key
 from agentrl.llm.tool_calls import call_text
@@ -47,6 +47,9 @@ class ScriptedClient:
 
     def env_factory(self) -> Any:
         """A fresh env, remembered as the one the calling episode plays."""
+        if self._make_env is None:  # the TypeError calling None gave, with its cause named
+            raise TypeError("ScriptedClient.env_factory: no make_env given; pass one to ScriptedClient() "
+                            "or build factories with wrap(make_env)")
         return self.wrap(self._make_env)()
 
     def wrap(self, make_env: Callable[[], Any], tools: Sequence[str] = ()) -> Callable[[], Any]:
@@ -55,6 +58,7 @@ class ScriptedClient:
         def factory() -> Any:
             env = make_env()
             key = asyncio.current_task()
+            assert key is not None  # the collector makes each episode's env inside the episode's task
             self._envs[key] = (env, tuple(tools))
             self._queued.pop(key, None)  # a retried episode starts its demonstration again
             return env
@@ -70,7 +74,9 @@ class ScriptedClient:
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Completion:
         """Answer with the next reply of the env's demonstration (a random valid action, after the
         tool calls the env demonstrates), seeded by the request."""
-        key = episode_key()  # the episode's task (sessions generate from another one)
+        # The episode's task (sessions generate from another one, with EPISODE set to the episode's
+        # task by agents/openai.py); episode_key types it as object for other engines' sake.
+        key = cast("asyncio.Task[Any]", episode_key())
         env, tools = self._envs[key]
         queued = self._queued.get(key)
         if queued:
@@ -81,7 +87,9 @@ class ScriptedClient:
             # The entropy of the whole step's choice, counted once at its first reply.
             self.reply_entropy += state_entropy(lambda rng: "\n".join(demonstration(env, rng, tools)))
         ids = self.tokenizer.encode(reply, add_special_tokens=False)
-        ids.append(self.tokenizer.eos_token_id)
+        eos = self.tokenizer.eos_token_id
+        assert eos is not None  # every agent stops a reply on eos: a tokenizer agentrl runs has one
+        ids.append(eos)
         return Completion(ids, [0.0] * len(ids), "stop")
 
 

@@ -7,8 +7,9 @@ takes finished groups from it and pushes new weights to it. Three rules keep it 
 - **Staleness bound.** Group n (the n-th group of the task source) may start only when
   `n < (v + k + 1) * G + replaced`, where v is the policy version the engine holds, k is
   `max_staleness`, G the groups per step and `replaced` the groups dropped so far as too stale
-  or filtered out, whose places others take (a failed group keeps its place, as on-policy). A step trained at version v takes only groups
-  whose oldest generated id has version >= v - k; older ones are dropped (counted as stale), so
+  or filtered out, whose places others take (a failed group keeps its place, as on-policy). A step
+  trained at version v takes only groups whose oldest generated id has version >= v - k; older ones
+  are dropped (counted as stale), so
   no sample used at step t comes from a policy older than t - k, even for an episode that spans
   a weight update (every generated id carries the version that produced it).
 - **Streaming.** A step takes the groups in the order they finish; groups still playing serve
@@ -38,7 +39,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -329,7 +330,7 @@ class RolloutStream:
 
 
 async def play_groups(collector: RolloutCollector, groups: list[list[Task]],
-                      first_attempt: int = 0) -> AsyncIterator[tuple[int, CollectResult]]:
+                      first_attempt: int = 0) -> AsyncGenerator[tuple[int, CollectResult], None]:
     """Play `groups` together, each as a task of its own; yields (position in `groups`, result)
     in the order they finish (the stream's batch; an env manager's share of one on Ray)."""
     done: asyncio.Queue = asyncio.Queue()

@@ -80,8 +80,8 @@ def trajectory_problem(t: Trajectory, task: Task, vocab_size: int | None = None,
         if not _is_int(pos) or not -1 <= pos < n:
             return f"returned reward position {short(pos)}; expected an index into its {n} token ids (or -1)"
     if not all(isinstance(s, str) for s in t.turn_states):
-        bad = next(s for s in t.turn_states if not isinstance(s, str))
-        return f"returned turn_states holding {type(bad).__name__}; expected str"
+        odd = next(s for s in t.turn_states if not isinstance(s, str))
+        return f"returned turn_states holding {type(odd).__name__}; expected str"
     for name in ("success", "terminated"):
         if not isinstance(getattr(t, name), bool):
             return f"returned {name}={short(getattr(t, name))}; expected a bool"

@@ -9,7 +9,7 @@ a new run from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from agentrl.config import load_config
@@ -19,7 +19,7 @@ from agentrl.models.lora import is_adapter_folder, merged
 from agentrl.train.checkpoint_hold import held_newest
 
 
-def export_run(run_dir: Path, out: Path | None = None, overrides: list[str] = (),
+def export_run(run_dir: Path, out: Path | None = None, overrides: Sequence[str] = (),
                log: Callable[[str], None] = print) -> tuple[Path, Path]:
     """Write the newest readable checkpoint of `run_dir` as a model folder (LoRA merged) at `out`
     (default RUN_DIR/export); returns (checkpoint, folder written)."""
@@ -41,8 +41,8 @@ def export_run(run_dir: Path, out: Path | None = None, overrides: list[str] = ()
             raise CheckpointError(f"no checkpoint in {run_dir / 'checkpoints'}; train first or check the folder")
         ckpt, held, _ = found
         if is_adapter_folder(held):
-            from agentrl.runtime.build.policy import build_policy  # the run's base model, as training built it
-            from agentrl.runtime.plan import plan
+            from agentrl.runtime.assembly.plan import plan
+            from agentrl.runtime.assembly.policy import build_policy  # the run's base model, as training built it
 
             base, tokenizer = build_policy(plan(cfg), log)
             model = merged(base, held)

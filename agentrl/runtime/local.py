@@ -1,4 +1,4 @@
-"""The local runtime: a run's parts, built by runtime/build/, placed in this process: the run
+"""The local runtime: a run's parts, built by runtime/assembly/, placed in this process: the run
 folder checked and locked, the plan written and logged, the trainer fitted. The run folder
 protocol is the same for the Ray runtime (runtime.kind=ray), whose parts `placed` hands to
 runtime/ray/driver.py; either runtime hands back a run handle (runtime/handle.py)."""
@@ -13,12 +13,19 @@ from typing import Any
 from agentrl.config import Config, load_config, save_config
 from agentrl.errors import AgentRLError
 from agentrl.hub import offline
-from agentrl.runtime.build.trainer import build_trainer
+from agentrl.runtime.assembly.plan import RunPlan, plan, save_plan
+from agentrl.runtime.assembly.trainer import build_trainer
 from agentrl.runtime.handle import FinishedRun, RunHandle
-from agentrl.runtime.plan import RunPlan, plan, save_plan
 from agentrl.runtime.process import kept_threads
-from agentrl.runtime.run_folder import (RunLock, check_folder, finished_summary, prepare_fresh, record_resume,
-                                        resume_changes, run_step)
+from agentrl.runtime.run_folder import (
+    RunLock,
+    check_folder,
+    finished_summary,
+    look,
+    prepare_fresh,
+    record_resume,
+    resume_changes,
+)
 from agentrl.tokenizer import Tokenizer
 from agentrl.train.checkpoint import remove_partial
 
@@ -42,9 +49,10 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
     # The run computes on runtime.num_threads; the caller's own count comes back at the end.
     with RunLock(run_dir), kept_threads():
         remove_partial(run_dir / "checkpoints")
+        folder = look(run_dir)  # what the folder holds, read once
         if resume:
-            changes = resume_changes(cfg, run_dir, run_step(run_dir) or 0)
-            done = finished_summary(cfg, run_dir)
+            changes = resume_changes(cfg, folder)
+            done = finished_summary(cfg, folder)
             if done is not None:  # resuming it again would only append a second final evaluation
                 log(f"run {run_dir} is already finished at step {done['steps']} (trainer.total_steps="
                     f"{cfg.trainer.total_steps}); nothing to do: raise trainer.total_steps to train further")
@@ -52,7 +60,8 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
                 return
             run_plan = plan(cfg, tokenizer)
         else:
-            prepare_fresh(run_dir, overwrite)
+            assert run_plan is not None  # a new run is planned above, before the folder is touched
+            prepare_fresh(folder, overwrite)
             save_config(cfg, run_dir / "config.yaml")
             save_plan(run_plan, run_dir)
         log(run_plan.describe())
@@ -71,7 +80,7 @@ def open_run(cfg: Config, resume: bool = False, log: Callable[[str], None] = pri
 
 
 @contextmanager
-def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Tokenizer,
+def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: Tokenizer | None,
            run_plan: RunPlan) -> Iterator[RunHandle]:
     """The run handle of `cfg` (whose plan is `run_plan`): the trainer built in this process
     (runtime.kind=local), or the handle on its parts placed as Ray actors (runtime.kind=ray,
@@ -103,6 +112,7 @@ def evaluate_checkpoint(run_dir: Path, overrides: list[str], log: Callable[[str]
     corrupt newer one is skipped), evaluated with the run's config and `overrides`; held while it
     is evaluated, so a trainer still writing the run may prune it meanwhile."""
     from agentrl.models.lora import is_adapter_folder
+    from agentrl.train.actor import Actor
     from agentrl.train.checkpoint_hold import held_newest
 
     with held_newest(run_dir / "checkpoints", warn=log) as found:
@@ -114,7 +124,10 @@ def evaluate_checkpoint(run_dir: Path, overrides: list[str], log: Callable[[str]
         trainer = build_trainer(cfg, run_dir, log=log)
         try:
             if adapter:
-                trainer.actor.load_weights(weights)
+                actor = trainer.actor
+                # build_trainer builds this process's Actor; loading weights is not in the Learner protocol
+                assert isinstance(actor, Actor)
+                actor.load_weights(weights)
                 trainer.sync()
             trainer.step_idx = int(state["step"])  # samples.jsonl rows carry the checkpoint's step
             return ckpt, trainer.evaluate()

@@ -3,13 +3,16 @@ never silently mixed with another run, and changed on resume only in ways that k
 
     check_folder  - run_dir / output_dir usable (a folder, writable), one line otherwise
     RunLock       - exclusive fcntl lock on run_dir/.lock (the kernel drops it when the process dies)
+    look          - what the folder holds, read once: its checkpoints, step, config and summary
     prepare_fresh - refuse to train into a folder holding a run, or clear it with --overwrite
     resume_changes - the config fields an override changes, refusing the ones that change the run
+    finished_summary - the summary of a run that has nothing left to do
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -20,7 +23,7 @@ from typing import Any
 
 from agentrl.config import Config, load_config, to_dict
 from agentrl.errors import AgentRLError, CheckpointError, ConfigError
-from agentrl.train.checkpoint import list_checkpoints, read_checkpoint, remove_partial, saved_config, step_of
+from agentrl.train.checkpoint import list_checkpoints, read_checkpoint, saved_config, step_of
 
 RESUMES_NAME, LOCK_NAME = "resumes.jsonl", ".lock"
 # What a run leaves in its folder; --overwrite removes these (and nothing a user put there).
@@ -90,20 +93,37 @@ class RunLock:
             self._fd = None
 
 
-def run_step(run_dir: Path) -> int | None:
-    """The step of the run a folder holds (its newest checkpoint, 0 without one), or None when none."""
-    found = list_checkpoints(run_dir / "checkpoints")
-    if found:
-        return step_of(found[-1])
+@dataclasses.dataclass(frozen=True)
+class FolderLook:
+    """What a run folder holds, read once (`look`) before a run starts or resumes in it."""
+
+    run_dir: Path
+    checkpoints: tuple[Path, ...]  # its complete checkpoints, oldest step first
+    step: int | None  # the step of the run it holds (its newest checkpoint, 0 without one); None: no run
+    # The config the run was trained with: the newest checkpoint's copy that verifies, else
+    # run_dir/config.yaml (a run without a checkpoint yet), else None; and where it was read
+    run_config: Path | None
+    run_config_source: str
+    summary: dict[str, Any] | None  # summary.json when it reads as an object
+
+
+def look(run_dir: Path) -> FolderLook:
+    """Read what the run folder holds: its checkpoints, the run's step, config and summary."""
+    found = tuple(list_checkpoints(run_dir / "checkpoints"))
     metrics = run_dir / "metrics.jsonl"
-    return 0 if metrics.is_file() and metrics.stat().st_size > 0 else None
+    step = step_of(found[-1]) if found else (0 if metrics.is_file() and metrics.stat().st_size > 0 else None)
+    config, source = _run_config(run_dir, found)
+    summary = None
+    with contextlib.suppress(ValueError, OSError):
+        read = json.loads((run_dir / "summary.json").read_text())
+        summary = read if isinstance(read, dict) else None
+    return FolderLook(run_dir, found, step, config, source, summary)
 
 
-def prepare_fresh(run_dir: Path, overwrite: bool) -> None:
+def prepare_fresh(folder: FolderLook, overwrite: bool) -> None:
     """Before a new run: refuse a folder that holds one, or (overwrite) remove that run's outputs."""
-    step = run_step(run_dir)
+    run_dir, step = folder.run_dir, folder.step
     if step is None:
-        remove_partial(run_dir / "checkpoints")
         return
     if not overwrite:
         at = f"step {step}" if step else "no checkpoint yet"
@@ -127,13 +147,13 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resume_changes(cfg: Config, run_dir: Path, step: int) -> dict[str, list[Any]]:
+def resume_changes(cfg: Config, folder: FolderLook) -> dict[str, list[Any]]:
     """{field: [old, new]} of the resumable fields `cfg` changes; refuses any other change.
 
     The run's config is the one saved with its newest checkpoint (run_config.yaml, checked against
-    the checkpoint's manifest), so an edit of run_dir/config.yaml counts as a change; folders whose
-    checkpoints predate that compare with run_dir/config.yaml."""
-    saved, source = _run_config(run_dir)
+    the checkpoint's manifest), so an edit of run_dir/config.yaml counts as a change; a run without
+    such a copy compares with run_dir/config.yaml."""
+    saved, source, step = folder.run_config, folder.run_config_source, folder.step or 0
     if saved is None:
         return {}
     old = _flat(to_dict(load_config(saved, [f"run_dir={cfg.run_dir}"] if cfg.run_dir else [])))
@@ -152,10 +172,10 @@ def resume_changes(cfg: Config, run_dir: Path, step: int) -> dict[str, list[Any]
     return changes
 
 
-def _run_config(run_dir: Path) -> tuple[Path | None, str]:
+def _run_config(run_dir: Path, checkpoints: tuple[Path, ...]) -> tuple[Path | None, str]:
     """The config the run was trained with, and where it was read: the newest checkpoint's copy
-    that verifies, else run_dir/config.yaml (checkpoints from before copies were kept), else None."""
-    for ckpt in reversed(list_checkpoints(run_dir / "checkpoints")):
+    that verifies, else run_dir/config.yaml, else None."""
+    for ckpt in reversed(checkpoints):
         try:
             path = saved_config(ckpt)
         except CheckpointError:
@@ -173,15 +193,15 @@ def record_resume(run_dir: Path, step: int, changes: dict[str, list[Any]]) -> No
         f.write(json.dumps(row, default=str) + "\n")
 
 
-def finished_summary(cfg: Config, run_dir: Path) -> dict[str, Any] | None:
+def finished_summary(cfg: Config, folder: FolderLook) -> dict[str, Any] | None:
     """The summary of a run that already reached trainer.total_steps (None when there is work left)."""
-    path = run_dir / "summary.json"
-    found = list_checkpoints(run_dir / "checkpoints")
-    if not path.is_file() or not found:
+    summary, found = folder.summary, folder.checkpoints
+    if summary is None or not found:
         return None
-    with contextlib.suppress(ValueError, OSError, CheckpointError):
-        summary = json.loads(path.read_text())
-        if summary.get("steps") == step_of(found[-1]) >= cfg.trainer.total_steps:
-            read_checkpoint(found[-1])  # a corrupt final checkpoint leaves work to redo
-            return summary
-    return None
+    if not (summary.get("steps") == step_of(found[-1]) >= cfg.trainer.total_steps):
+        return None
+    try:
+        read_checkpoint(found[-1])  # a corrupt final checkpoint leaves work to redo
+    except CheckpointError:
+        return None
+    return summary

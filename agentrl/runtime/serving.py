@@ -2,7 +2,7 @@
 
 Without serve.api_key it makes an admin key for the routes that change the server and writes it
 (mode 0600) to the run folder, where a run on engine.kind=remote reads it (engine.api_key_file,
-runtime/build/engines.py); it prints where the file is, never the key (stdout ends up in logs).
+runtime/assembly/engines.py); it prints where the file is, never the key (stdout ends up in logs).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from agentrl.errors import ConfigError
 from agentrl.llm.local.engine import LocalEngine
 from agentrl.llm.server.app import served_model_name, start_server
 from agentrl.models.loading import DTYPES
-from agentrl.runtime.build.policy import build_policy
-from agentrl.runtime.plan import plan
+from agentrl.runtime.assembly.plan import plan
+from agentrl.runtime.assembly.policy import build_policy
 from agentrl.runtime.process import resolve_device, seed_everything
 from agentrl.runtime.run_folder import check_folder
 

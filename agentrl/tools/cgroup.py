@@ -105,7 +105,7 @@ def _v2(paths: dict[str, str], mounts: list[str]) -> tuple[Home | None, str]:
 
 
 def _v1(paths: dict[str, str], mounts: list[str]) -> tuple[Home | None, str]:
-    parents = {}
+    parents: dict[str, Path] = {}
     for point, options in _mount_points(mounts, "cgroup"):
         for c in ("memory", "pids"):
             if c in options and c in paths:

@@ -59,7 +59,8 @@ MAX_OPEN_FILES = 64
 TMP_FILES = 4096
 
 # Runs first in the sandbox: the limits, our own user id (as root), then the code, in a fresh
-# interpreter, unbuffered (what it printed before it was stopped is kept, in the order written). RLIMIT_CPU's hard limit one second past the soft one: SIGXCPU, then SIGKILL.
+# interpreter, unbuffered (what it printed before it was stopped is kept, in the order written).
+# RLIMIT_CPU's hard limit one second past the soft one: SIGXCPU, then SIGKILL.
 _BOOT = """import os, resource, sys
 cpu, mem, fsize, nproc, uid, nofile = (int(x) for x in sys.argv[1:7])
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -291,6 +292,7 @@ class _Run:
             await self.kill()
         output = bytes(out[:limits.max_output]).decode("utf-8", errors="replace")
         code = self.proc.returncode
+        assert code is not None  # kill() returns once the process has ended and been reaped
         if status is None:
             status, code = self._ended(code)
         return Outcome(output, status, code)
@@ -320,6 +322,8 @@ class _Run:
         except asyncio.TimeoutError:  # bwrap itself did not end: kill it too
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
+            # SIGKILL to our own child ends it; reaping it sets returncode, which run() reads.
+            await self.proc.wait()
         finally:
             if self.pidfd is not None:
                 os.close(self.pidfd)

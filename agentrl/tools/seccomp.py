@@ -49,29 +49,25 @@ REFUSED = ("setns", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fscon
            "setdomainname", "syslog", "acct", "quotactl", "memfd_create", "memfd_secret", "shmget", "msgget",
            "semget", "mq_open")
 
-# (audit architecture, syscall numbers) from the kernel's unistd headers
-_X86_64 = (0xC000003E, {
-    "clone": 56, "clone3": 435, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
-    "chroot": 161, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "open_tree": 428,
-    "move_mount": 429, "mount_setattr": 442, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
-    "kexec_load": 246, "kexec_file_load": 320, "bpf": 321, "perf_event_open": 298, "keyctl": 250,
-    "add_key": 248, "request_key": 249, "init_module": 175, "finit_module": 313, "delete_module": 176,
-    "reboot": 169, "swapon": 167, "swapoff": 168, "userfaultfd": 323, "io_uring_setup": 425,
-    "io_uring_enter": 426, "io_uring_register": 427, "name_to_handle_at": 303, "open_by_handle_at": 304,
-    "pidfd_getfd": 438, "settimeofday": 164, "clock_settime": 227, "clock_adjtime": 305, "adjtimex": 159,
-    "sethostname": 170, "setdomainname": 171, "syslog": 103, "acct": 163, "quotactl": 179,
-    "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "msgget": 68, "semget": 64, "mq_open": 240})
-_AARCH64 = (0xC00000B7, {
-    "clone": 220, "clone3": 435, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
-    "chroot": 51, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "open_tree": 428,
-    "move_mount": 429, "mount_setattr": 442, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
-    "kexec_load": 104, "kexec_file_load": 294, "bpf": 280, "perf_event_open": 241, "keyctl": 219,
-    "add_key": 217, "request_key": 218, "init_module": 105, "finit_module": 273, "delete_module": 106,
-    "reboot": 142, "swapon": 224, "swapoff": 225, "userfaultfd": 282, "io_uring_setup": 425,
-    "io_uring_enter": 426, "io_uring_register": 427, "name_to_handle_at": 264, "open_by_handle_at": 265,
-    "pidfd_getfd": 438, "settimeofday": 170, "clock_settime": 112, "clock_adjtime": 266, "adjtimex": 171,
-    "sethostname": 161, "setdomainname": 162, "syslog": 116, "acct": 89, "quotactl": 60,
-    "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "msgget": 186, "semget": 190, "mq_open": 180})
+# syscall numbers (x86_64, aarch64) from the kernel's unistd headers
+_NUMBERS = {
+    "clone": (56, 220), "clone3": (435, 435), "unshare": (272, 97), "setns": (308, 268), "mount": (165, 40),
+    "umount2": (166, 39), "pivot_root": (155, 41), "chroot": (161, 51), "fsopen": (430, 430),
+    "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433), "open_tree": (428, 428),
+    "move_mount": (429, 429), "mount_setattr": (442, 442), "ptrace": (101, 117), "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271), "kexec_load": (246, 104), "kexec_file_load": (320, 294), "bpf": (321, 280),
+    "perf_event_open": (298, 241), "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106), "reboot": (169, 142),
+    "swapon": (167, 224), "swapoff": (168, 225), "userfaultfd": (323, 282), "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426), "io_uring_register": (427, 427), "name_to_handle_at": (303, 264),
+    "open_by_handle_at": (304, 265), "pidfd_getfd": (438, 438), "settimeofday": (164, 170),
+    "clock_settime": (227, 112), "clock_adjtime": (305, 266), "adjtimex": (159, 171), "sethostname": (170, 161),
+    "setdomainname": (171, 162), "syslog": (103, 116), "acct": (163, 89), "quotactl": (179, 60),
+    "memfd_create": (319, 279), "memfd_secret": (447, 447), "shmget": (29, 194), "msgget": (68, 186),
+    "semget": (64, 190), "mq_open": (240, 180)}
+# (audit architecture, syscall numbers)
+_X86_64 = (0xC000003E, {call: numbers[0] for call, numbers in _NUMBERS.items()})
+_AARCH64 = (0xC00000B7, {call: numbers[1] for call, numbers in _NUMBERS.items()})
 ARCHITECTURES = {"x86_64": _X86_64, "amd64": _X86_64, "aarch64": _AARCH64, "arm64": _AARCH64}
 
 

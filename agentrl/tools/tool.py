@@ -36,15 +36,17 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from agentrl.bounded_json import load_json
 from agentrl.errors import AgentRLError, ConfigError, ToolError, ToolTimeout, as_failure, did_you_mean, shown
 from agentrl.registry import TOOLS
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
-               "object": dict, "null": type(None)}
+_F = TypeVar("_F", bound=Callable[..., Any])  # a tool's function, returned as it came by `@tool`
+_JSON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict,
+    "null": type(None)}
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,8 @@ class Tool:
         for key, value in settings.items():
             if key not in self.settings:
                 known = ", ".join(self.settings) or "(none)"
-                raise ConfigError(f"{where}.{key} is not a setting of tool '{self.name}'.{did_you_mean(key, self.settings)}"
-                                  f" Its settings are {known}")
+                raise ConfigError(f"{where}.{key} is not a setting of tool '{self.name}'."
+                                  f"{did_you_mean(key, self.settings)} Its settings are {known}")
             default = self.settings[key]
             if default is not None and not _same_kind(value, default):
                 raise ConfigError(f"{where}.{key}={shown(value)} is not a {type(default).__name__} "
@@ -173,9 +175,9 @@ async def answer_call(tools: Mapping[str, Tool], name: str, arguments: Any, time
             arguments = load_json(arguments) if arguments.strip() else {}
         except ValueError as e:
             problem = f"the arguments of {name} are a string that is not JSON ({e})"
-    if problem is None:
+    if problem is None and tool is not None:  # `tool is not None`: always, when no problem; said for mypy
         problem = tool.argument_error(arguments)
-    if problem is not None:
+    if problem is not None or tool is None:
         usage.malformed += 1
         return f"Error: {problem}"
     try:
@@ -224,11 +226,21 @@ async def call_tool(name: str, arguments: Any) -> str:
     return await answer_call(episode.tools, name, arguments, episode.timeout, usage)
 
 
-def tool(fn: Callable | None = None, *, name: str | None = None, check: Callable[[dict[str, Any]], None] | None = None,
-         overwrite: bool = False) -> Any:
+@overload
+def tool(fn: _F, *, name: str | None = None, check: Callable[[dict[str, Any]], None] | None = None,
+         overwrite: bool = False) -> _F: ...
+
+
+@overload
+def tool(fn: None = None, *, name: str | None = None, check: Callable[[dict[str, Any]], None] | None = None,
+         overwrite: bool = False) -> Callable[[_F], _F]: ...
+
+
+def tool(fn: _F | None = None, *, name: str | None = None, check: Callable[[dict[str, Any]], None] | None = None,
+         overwrite: bool = False) -> _F | Callable[[_F], _F]:
     """Register `fn` as a tool (usable as `@tool` or `@tool(name=..., check=...)`) and return it
     unchanged; `check(settings)` raises a ConfigError when the tool cannot run here."""
-    def register(f: Callable) -> Callable:
+    def register(f: _F) -> _F:
         key = name or f.__name__
         if key not in TOOLS or TOOLS.get(key).fn is not f:  # the same function decorated again is one tool
             TOOLS.register(key, make_tool(f, name=name, check=check), overwrite=overwrite)
@@ -237,7 +249,8 @@ def tool(fn: Callable | None = None, *, name: str | None = None, check: Callable
     return register if fn is None else register(fn)
 
 
-def make_tool(fn: Callable, name: str | None = None, check: Callable[[dict[str, Any]], None] | None = None) -> Tool:
+def make_tool(fn: Callable[..., Any], name: str | None = None,
+              check: Callable[[dict[str, Any]], None] | None = None) -> Tool:
     """The Tool of a function: its schema from the type hints and docstring (transformers'
     `get_json_schema`), its keyword-only parameters as settings."""
     from transformers.utils import get_json_schema

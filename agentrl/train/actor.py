@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from agentrl.algos.losses import aggregate, behaviour_weights, kl_penalty, masked_mean
+from agentrl.algos.losses import PolicyLossInput, aggregate, behaviour_weights, kl_penalty, masked_mean
 from agentrl.algos.policy_losses import get_policy_loss
 from agentrl.config import ActorConfig
 from agentrl.models.lora import adapter_state, is_peft, load_adapter_state
-from agentrl.train.batch import Batch, micro_batches, mini_batches
+from agentrl.train.batch import Batch, micro_batches, mini_batches, need
 from agentrl.train.forward import ForwardOptions, logprobs, token_logprobs  # noqa: F401  (token_logprobs: re-exported)
 from agentrl.train.numerics import check_grad_norm, check_loss
 from agentrl.train.parallel import DataParallel
 from agentrl.train.precision import MasterWeights
+
+if TYPE_CHECKING:  # peft is the optional extra `lora`
+    from peft import PeftModel
 
 
 @torch.no_grad()
@@ -47,7 +50,8 @@ class Reference:
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """The reference policy's logprobs, (B, T)."""
-        with self.model.disable_adapter() if self.adapters_off else nullcontext():
+        # adapters_off: is_peft(model), a PeftModel
+        with cast("PeftModel", self.model).disable_adapter() if self.adapters_off else nullcontext():
             return batch_logprobs(self.model, batch, self.options, self.temperature)
 
 
@@ -78,7 +82,7 @@ class Actor:
         # seq-mean-token-sum-norm and dr-grpo divide by a constant: the configured one or the longest reply.
         self.horizon = cfg.loss_scale_factor or horizon
         self.master = MasterWeights([p for p in model.parameters() if p.requires_grad])
-        self.optimizer = torch.optim.AdamW(self.master.params, lr=cfg.lr, betas=tuple(cfg.betas),
+        self.optimizer = torch.optim.AdamW(self.master.params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
                                            weight_decay=cfg.weight_decay)
 
     @property
@@ -166,12 +170,13 @@ class Actor:
         logp, entropy = logprobs(forward, mb.input_ids, mb.attention_mask, self.temperature,
                                  self.options.packed, with_entropy=True, entropy_grad=bool(cfg.entropy_coeff),
                                  share_prefixes=self.options.share_prefixes, chunk=self.options.logits_chunk)
-        loss, pg = get_policy_loss(cfg.policy_loss.loss_mode)(
-            logp, mb.old_logprobs, mb.advantages, mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
-            cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w, config=cfg.policy_loss, **agg)
+        loss, pg = get_policy_loss(cfg.policy_loss.loss_mode)(PolicyLossInput(
+            logp, need(mb.old_logprobs, "old_logprobs"), need(mb.advantages, "advantages"), mb.loss_mask,
+            cfg.clip_ratio_low, cfg.clip_ratio_high,
+            cfg.loss_agg_mode, clip_ratio_c=cfg.clip_ratio_c, weights=w, config=cfg.policy_loss, **agg))
         terms = {f"{cfg.policy_loss.loss_mode} policy loss (loss/policy)": loss}
         if cfg.use_kl_loss:
-            kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_loss_type)
+            kl = kl_penalty(logp, need(mb.ref_logprobs, "ref_logprobs"), cfg.kl_loss_type)
             terms["KL loss (actor.use_kl_loss)"] = kl_term = aggregate(kl, mb.loss_mask, cfg.loss_agg_mode, **agg)
             loss = loss + cfg.kl_loss_coef * kl_term
             _append(stats, "loss/kl", float(masked_mean(kl.detach(), mb.loss_mask)))
@@ -200,7 +205,8 @@ class Actor:
             mode, cap = "tis", cfg.tis_imp_ratio_cap
         else:
             return None
-        w, s = behaviour_weights(batch.old_logprobs, batch.behaviour_logprobs, batch.loss_mask, mode, cap)
+        w, s = behaviour_weights(need(batch.old_logprobs, "old_logprobs"), batch.behaviour_logprobs, batch.loss_mask,
+                                 mode, cap)
         for k, v in s.items():
             _append(stats, f"policy/{k}", v)
         return w

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ class Batch:
 
     def select(self, idx: torch.Tensor | slice) -> Batch:
         """The sub-batch of rows `idx`, trimmed to its longest sequence."""
-        parts = {}
+        parts: dict[str, Any] = {}
         for f in fields(self):
             t = getattr(self, f.name)
             parts[f.name] = t[idx] if t is not None else None
@@ -50,8 +51,16 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         """Move every tensor to `device`."""
-        return replace(self, **{f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None
-                                         else None) for f in fields(self)})
+        moved: dict[str, Any] = {f.name: (getattr(self, f.name).to(device) if getattr(self, f.name) is not None
+                                          else None) for f in fields(self)}
+        return replace(self, **moved)
+
+
+def need(t: torch.Tensor | None, name: str) -> torch.Tensor:
+    """A batch field that an earlier stage of the step sets (`name`: its field name), or a clear error."""
+    if t is None:
+        raise RuntimeError(f"batch.{name} is not set: the stage of the step that computes it has not run")
+    return t
 
 
 def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:

@@ -2,8 +2,9 @@
 
 A checkpoint is a folder `checkpoints/step_<N>` holding the model in Hugging Face layout
 (safetensors; with LoRA the adapter alone, as peft saves it: `adapter_model.safetensors` and
-`adapter_config.json`, which `PeftModel.from_pretrained(base, folder)` loads), the tokenizer, `optimizer.pt` and `state.pt` (step, policy version, RNG states,
-anything else the trainer needs to continue). It is written under a temporary name and renamed
+`adapter_config.json`, which `PeftModel.from_pretrained(base, folder)` loads), the tokenizer,
+`optimizer.pt` and `state.pt` (step, policy version, RNG states, anything else the trainer needs
+to continue). It is written under a temporary name and renamed
 into place, so a process killed mid-write leaves the previous checkpoint as the latest one.
 A write that fails (a full disk: torch and safetensors report it as RuntimeErrors, not always
 as OSError) is one CheckpointError naming the folder, the free space and the size needed.
@@ -13,8 +14,7 @@ file changed after it was written (flipped bytes, an edit, a truncation) is foun
 loads; and `run_config.yaml`, the run's config when it was written, which a resume is compared
 with (runtime/run_folder.py). Checkpoints are ordered by step; a reader takes the newest one
 whose files all verify and load, so a checkpoint damaged after the fact costs the steps since
-the one before it (said in a warning); checkpoints written before manifests existed load
-unverified.
+the one before it (said in a warning); one without its manifest counts as damaged.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import json
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from agentrl.config import Config, save_config
 from agentrl.errors import CheckpointError
 from agentrl.models.lora import ADAPTER_WEIGHTS
 from agentrl.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PREFIX = "step_"
 MANIFEST = "manifest.json"  # sha256 and size of every other file of a checkpoint
@@ -72,7 +75,8 @@ def save_checkpoint(ckpt_root: Path, step: int, model: torch.nn.Module, tokenize
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        model.save_pretrained(tmp, safe_serialization=True)
+        # a transformers model, or peft's PeftModel (the adapter alone): save_pretrained takes the same arguments
+        cast("PreTrainedModel", model).save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -157,11 +161,10 @@ def write_manifest(folder: Path, step: int) -> None:
 
 def verify_checkpoint(ckpt: Path, names: tuple[str, ...] | None = None) -> None:
     """Check the files of a checkpoint (or only `names`) against its manifest: a CheckpointError
-    naming the first file that is missing or changed since it was written. A checkpoint without
-    a manifest (written before they existed) passes."""
+    naming the first file that is missing or changed since it was written, or the manifest itself."""
     path = ckpt / MANIFEST
     if not path.is_file():
-        return
+        raise CheckpointError(f"checkpoint {ckpt}: its {MANIFEST} is missing (every checkpoint is written with one)")
     try:
         files = json.loads(path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from agentrl.algos.losses import explained_variance, masked_mean, value_loss
 from agentrl.config import CriticConfig
 from agentrl.models.lora import is_peft
-from agentrl.train.batch import Batch, micro_batches, mini_batches
+from agentrl.train.batch import Batch, micro_batches, mini_batches, need
 from agentrl.train.forward import ForwardOptions, packed_hidden, unpack_shifted
 from agentrl.train.numerics import check_grad_norm, check_loss
 from agentrl.train.precision import MasterWeights
 from agentrl.train.prefix import shared_forward
+
+if TYPE_CHECKING:  # peft is the optional extra `lora`
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 
 class ValueModel(torch.nn.Module):
@@ -30,9 +35,10 @@ class ValueModel(torch.nn.Module):
 
     def __init__(self, policy: torch.nn.Module) -> None:
         super().__init__()
-        policy = policy.get_base_model() if is_peft(policy) else policy
-        self.body = copy.deepcopy(policy.base_model)
-        hidden = policy.config.hidden_size
+        # a transformers causal LM, maybe peft-wrapped (LoRA)
+        lm = cast("PreTrainedModel", cast("PeftModel", policy).get_base_model() if is_peft(policy) else policy)
+        self.body: torch.nn.Module = copy.deepcopy(lm.base_model)
+        hidden = lm.config.hidden_size
         self.head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
@@ -102,8 +108,8 @@ class Critic:
                 for rows in self._micro_batches(batch, mini):
                     mb = batch.select(rows).to(self.device)
                     v = self.model(mb.input_ids, mb.attention_mask, self.options.packed, self.options.share_prefixes)
-                    loss, vs = value_loss(v, mb.values, mb.returns, mb.loss_mask, cfg.cliprange_value,
-                                          cfg.loss_agg_mode, n_tokens, n_seqs, self.horizon)
+                    loss, vs = value_loss(v, need(mb.values, "values"), need(mb.returns, "returns"), mb.loss_mask,
+                                          cfg.cliprange_value, cfg.loss_agg_mode, n_tokens, n_seqs, self.horizon)
                     value = float(loss.detach())
                     check_loss("critic update", value, {"value loss (loss/value)": loss},
                                {"returns": mb.returns, "old values": mb.values, "current values": v.detach()},

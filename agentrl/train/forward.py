@@ -25,12 +25,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from agentrl.models.lora import is_peft
 from agentrl.train.prefix import shared_forward
+
+if TYPE_CHECKING:  # peft is the optional extra `lora`
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 LOGITS_CHUNK = 1024  # positions whose logits exist at once (actor.logits_chunk_size's default)
 # Architectures whose logits are the output layer applied to the final hidden states, nothing
@@ -94,11 +99,12 @@ def output_layer(model: torch.nn.Module) -> OutputLayer | None:
     """The output layer of `model` (a transformers causal LM, maybe peft- or DDP-wrapped) where its
     logits are that layer of the final hidden states and nothing more; None otherwise."""
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    inner = inner.get_base_model() if is_peft(inner) else inner
+    inner = cast("PeftModel", inner).get_base_model() if is_peft(inner) else inner
     config = getattr(inner, "config", None)
     if getattr(config, "model_type", None) not in PLAIN_HEADS or not hasattr(inner, "get_decoder"):
         return None
-    layer, body = inner.get_output_embeddings(), inner.get_decoder()
+    lm = cast("PreTrainedModel", inner)  # a transformers model: one of PLAIN_HEADS' architectures
+    layer, body = lm.get_output_embeddings(), lm.get_decoder()
     return None if layer is None or body is None or body is inner else OutputLayer(layer, body)
 
 
@@ -177,7 +183,8 @@ def logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: to
     return out if with_entropy else out[0]
 
 
-def packed_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def packed_rows(input_ids: torch.Tensor,
+                attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids (1, N), position ids (1, N), where (B, T) bool): the real ids of right-padded rows,
     concatenated row after row, each sequence's positions counting from 0."""
     where = attention_mask > 0

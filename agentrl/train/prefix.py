@@ -80,7 +80,8 @@ def _best_split(input_ids: torch.Tensor, lengths: list[int],
         parts.setdefault(int(input_ids[r, shared]), []).append(r)
     if len(parts) == 1:  # the shortest row ends here: no longer prefix to share
         return whole
-    groups, saved = [], 0
+    groups: list[tuple[list[int], int]] = []
+    saved = 0
     for part in parts.values():
         if len(part) > 1:
             g, s = _best_split(input_ids, lengths, part)

@@ -17,9 +17,10 @@ It never asks whether the source plays on-policy or ahead in a stream.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -34,14 +35,21 @@ from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
 from agentrl.rollout.collector import CollectResult, check_failed
 from agentrl.rollout.filters import informative_groups, top_variance_groups, without_truncated
 from agentrl.rollout.source import RolloutSource
-from agentrl.rollout.stats import (by_tag, episode_stats, episodes, partial_replies, per_episode, tag_metrics,
-                                   truncation_metrics)
+from agentrl.rollout.stats import (
+    by_tag,
+    episode_stats,
+    episodes,
+    partial_replies,
+    per_episode,
+    tag_metrics,
+    truncation_metrics,
+)
 from agentrl.tokenizer import Tokenizer
-from agentrl.trajectory import Trajectory
-from agentrl.train.batch import Batch, pack
+from agentrl.train.batch import Batch, need, pack
 from agentrl.train.checkpoint import newest_readable, rng_state, save_checkpoint, set_rng_state
 from agentrl.train.learner import Learner
 from agentrl.train.watch import Watch
+from agentrl.trajectory import Trajectory
 
 ERRORS_NAME = "errors.jsonl"  # failed episode attempts of a run, one JSON line each
 
@@ -125,7 +133,7 @@ class Trainer:
         self._check_generated(result.trajectories, f"step {self.step_idx}")
         if result.trajectories:
             with self.timer.scope("pack"):
-                batch = pack(result.trajectories, self.tokenizer.pad_token_id)
+                batch = pack(result.trajectories, self._pad_token_id())
             with self.timer.scope("score"):
                 self.score(batch)
             with self.timer.scope("reward"):
@@ -154,7 +162,7 @@ class Trainer:
         metrics["perf/step_seconds"] = time.perf_counter() - t0
         # Logged before the checkpoint: a run killed between the two resumes with this step's
         # row in place (its checkpoint time is counted in the next step's perf/).
-        self.logger.log(self.step_idx, metrics)
+        self._metrics_logger().log(self.step_idx, metrics)
         self.watch.act(self.step_idx)  # warns of new alarms; on_collapse=stop rolls back and raises
         if self._due(self.cfg.trainer.save_freq):
             with self.timer.scope("checkpoint"):
@@ -209,7 +217,8 @@ class Trainer:
         alg = self.cfg.algorithm
         if not alg.use_kl_in_reward:
             return {}
-        kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, alg.kl_penalty) * batch.loss_mask
+        kl = kl_penalty(need(batch.old_logprobs, "old_logprobs"), need(batch.ref_logprobs, "ref_logprobs"),
+                        alg.kl_penalty) * batch.loss_mask
         batch.token_rewards = batch.token_rewards - self.kl_ctrl.value * kl
         seq_kl = (kl.sum(-1) / batch.loss_mask.sum(-1).clamp(min=1.0)).mean()
         coef = self.kl_ctrl.value
@@ -329,9 +338,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.sync()
         self.version = int(state["policy_version"])
-        # Checkpoints written before the engine had a state API kept its seed stream as engine_rng.
-        engine = state.get("engine") or {"policy_version": self.version, "seed_rng": state["engine_rng"]}
-        self.rollout.restore({"engine": engine, "stream": state.get("stream")})
+        self.rollout.restore({"engine": state["engine"], "stream": state.get("stream")})
 
     def _per_tag_summary(self, evaluation: dict[str, float], when: str) -> dict[str, float]:
         """eval_<tag>_success_<when> (and baselines) for runs that mix several tags."""
@@ -347,6 +354,17 @@ class Trainer:
                             if k.startswith(f"eval/{tag}/baseline_")})
         return out
 
+    def _pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        if pad is None:  # agentrl's model loading gives every tokenizer one (EOS where it ships none)
+            raise ValueError("the tokenizer has no pad token id: set its pad_token (e.g. to its EOS token)")
+        return pad
+
+    def _metrics_logger(self) -> MetricsLogger:
+        if self.logger is None:
+            raise RuntimeError("Trainer.step runs inside Trainer.fit, which opens the metrics logger")
+        return self.logger
+
     def _due(self, freq: int) -> bool:
         return freq > 0 and self.step_idx % freq == 0 and self.step_idx < self.cfg.trainer.total_steps
 
@@ -357,7 +375,7 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
     eps = episodes(trajs)  # an episode played as several sequences counts once
     rewards = torch.tensor([t.total_reward for t in eps])
     mask = batch.loss_mask
-    diff = (batch.behaviour_logprobs - batch.old_logprobs).abs() * mask
+    diff = (batch.behaviour_logprobs - need(batch.old_logprobs, "old_logprobs")).abs() * mask
     greedy = {}
     if batch.reward_baselines is not None:  # ReMax's greedy episodes (played, not trained)
         greedy = {"reward/greedy_baseline": float(batch.reward_baselines.nanmean())}

@@ -18,13 +18,21 @@ import torch
 from agentrl.config import Config
 from agentrl.dumps import TrajectoryDumper, cut_dumps
 from agentrl.errors import CollapseError
-from agentrl.health import (MIN_INPUTS, Alarm, Monitor, cross_inputs, group_signals, input_dependence, reply_repeat,
-                            tool_signals)
+from agentrl.health import (
+    MIN_INPUTS,
+    Alarm,
+    Monitor,
+    cross_inputs,
+    group_signals,
+    input_dependence,
+    reply_repeat,
+    tool_signals,
+)
 from agentrl.tokenizer import Tokenizer
-from agentrl.trajectory import Trajectory
 from agentrl.train.batch import Batch
 from agentrl.train.checkpoint import list_checkpoints, step_of
 from agentrl.train.learner import Learner
+from agentrl.trajectory import Trajectory
 
 COLLAPSED_PREFIX = "collapsed_"
 

@@ -12,7 +12,7 @@ from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.local.engine import LocalEngine
 from agentrl.registry import AGENTS, ENVS
 from agentrl.rollout.collector import RolloutCollector
-from agentrl.runtime.build.envs import import_user_modules
+from agentrl.runtime.assembly.envs import import_user_modules
 from agentrl.trajectory import Task
 from helpers import RecordingEngine, segments
 

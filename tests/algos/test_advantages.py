@@ -23,7 +23,7 @@ def test_grpo_hand_computed():
     index = torch.tensor([0, 0, 0, 0, 1, 1])
     mask = torch.ones(6, 5)
     mask[:, 0] = 0
-    adv, ret = grpo(_rewards(scores), mask, index, None, AlgorithmConfig(credit="outcome"))
+    adv, ret = grpo(EstimatorInput(_rewards(scores), mask, index, None, AlgorithmConfig(credit="outcome")))
     s0 = math.sqrt(1 / 3)
     expected = [0.5 / s0, -0.5 / s0, -0.5 / s0, 0.5 / s0, -1 / math.sqrt(2), 1 / math.sqrt(2)]
     for i, e in enumerate(expected):
@@ -37,7 +37,7 @@ def test_grpo_sums_to_zero_in_each_group_and_respects_mask():
     scores = torch.randn(12).tolist()
     index = torch.arange(12) // 4
     mask = (torch.rand(12, 7) > 0.3).float()
-    adv, _ = grpo(_rewards(scores, 7, 6), mask, index, None, AlgorithmConfig(credit="outcome"))
+    adv, _ = grpo(EstimatorInput(_rewards(scores, 7, 6), mask, index, None, AlgorithmConfig(credit="outcome")))
     per_seq = torch.tensor([adv[i][mask[i] > 0][0] if mask[i].any() else 0.0 for i in range(12)])
     for g in range(3):
         rows = [i for i in range(12) if index[i] == g and mask[i].any()]
@@ -49,13 +49,14 @@ def test_grpo_sums_to_zero_in_each_group_and_respects_mask():
 def test_dr_grpo_does_not_divide_and_singleton_group_keeps_raw_score():
     index = torch.tensor([0, 0, 1])
     mask = torch.ones(3, 5)
-    adv, _ = grpo(_rewards([3.0, 1.0, 5.0]), mask, index, None,
-                  AlgorithmConfig(norm_adv_by_std_in_grpo=False, credit="outcome"))
+    adv, _ = grpo(EstimatorInput(_rewards([3.0, 1.0, 5.0]), mask, index, None,
+                                 AlgorithmConfig(norm_adv_by_std_in_grpo=False, credit="outcome")))
     assert adv[:, -1].tolist() == pytest.approx([1.0, -1.0, 5.0])
 
 
 def test_equal_rewards_give_zero_advantage():
-    adv, _ = grpo(_rewards([1.0] * 4), torch.ones(4, 5), torch.zeros(4, dtype=torch.long), None, AlgorithmConfig(credit="outcome"))
+    adv, _ = grpo(EstimatorInput(_rewards([1.0] * 4), torch.ones(4, 5), torch.zeros(4, dtype=torch.long), None,
+                                 AlgorithmConfig(credit="outcome")))
     assert torch.all(adv == 0)
 
 
@@ -80,7 +81,7 @@ def test_turn_credit_grpo_hand_computed():
     rewards = torch.tensor([[0, 1.0, 0, 0], [0, 0, 0, 1.0]])
     # turn returns (gamma=1): row 0 -> [1, 0], row 1 -> [1, 1]; turn 1: both 1 -> 0;
     # turn 2: 0 vs 1 -> mean 0.5, unbiased std 0.70711 -> -+0.70711
-    adv, _ = grpo(rewards, mask, torch.tensor([0, 0]), None, AlgorithmConfig(credit="turn", gamma=1.0))
+    adv, _ = grpo(EstimatorInput(rewards, mask, torch.tensor([0, 0]), None, AlgorithmConfig(credit="turn", gamma=1.0)))
     assert torch.allclose(adv, torch.tensor([[0, 0, 0, -0.70711], [0, 0, 0, 0.70711]]), atol=1e-5)
 
 
@@ -92,7 +93,7 @@ def test_gigpo_compares_turns_from_the_same_state():
     # both episodes start in state 0; row 0's second turn is in state 1, row 1's in state 2
     states = torch.tensor([[-1, 0, -1, 1], [-1, 0, -1, 2]])
     cfg = AlgorithmConfig(gamma=0.0, norm_adv_by_std_in_grpo=False)
-    adv, _ = gigpo(rewards, mask, torch.tensor([0, 0]), None, cfg, states)
+    adv, _ = gigpo(EstimatorInput(rewards, mask, torch.tensor([0, 0]), None, cfg, states))
     # episode level: scores 1 and 0 -> +0.5 / -0.5; step level in state 0: 1 - 0.5 and 0 - 0.5;
     # states 1 and 2 were each visited once: no step-level advantage
     assert torch.allclose(adv, torch.tensor([[0, 1.0, 0, 0.5], [0, -1.0, 0, -0.5]]), atol=1e-5)

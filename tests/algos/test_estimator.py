@@ -1,16 +1,17 @@
-"""The estimator contract: an estimator gets the input record, or, written in the earlier positional
-form, the record's fields (as `compute_advantages` calls a registered one); the built-ins answer
-both forms with the same numbers. A registered estimator in a run: tests/e2e/test_train.py."""
+"""The estimator contract: an estimator gets the input record (as `compute_advantages` calls a
+registered one); one that does not take it is refused in one line. A registered estimator in a
+run: tests/e2e/test_train.py."""
 
 import dataclasses
 
 import pytest
 import torch
 
-from agentrl.algos.advantages import compute_advantages, grpo
-from agentrl.algos.estimator import EstimatorInput, call_estimator
+from agentrl.algos.advantages import check_estimator, compute_advantages
+from agentrl.algos.estimator import EstimatorInput
 from agentrl.config import AlgorithmConfig
-from agentrl.registry import ESTIMATORS
+from agentrl.errors import ConfigError
+from agentrl.registry import ESTIMATORS, register_estimator
 
 MASK = torch.tensor([[0, 1, 1.0], [0, 1, 1.0], [0, 1, 0.0]])
 REWARDS = torch.tensor([[0, 0, 1.0], [0, 0, 3.0], [0, 2.0, 0]])
@@ -21,54 +22,63 @@ def _inputs(**changes) -> EstimatorInput:
     return EstimatorInput(REWARDS, MASK, INDEX, None, AlgorithmConfig(credit="token"), **changes)
 
 
-def test_an_estimator_of_one_parameter_gets_the_record():
+@pytest.fixture
+def user_names():
+    """Names a test registers as estimators, taken out of the registry after it."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        ESTIMATORS._items.pop(name, None)
+
+
+def test_an_estimator_of_one_parameter_gets_the_record(user_names):
     seen = []
 
     def record_form(x):
         seen.append(x)
         return x.token_rewards * x.response_mask, x.token_rewards
 
+    register_estimator("test_record_form", record_form)
+    user_names.append("test_record_form")
     states = torch.full((3, 3), -1)
-    adv, ret = call_estimator(record_form, _inputs(state_ids=states))
+    adv, ret = compute_advantages("test_record_form", _inputs(state_ids=states))
     assert isinstance(seen[0], EstimatorInput) and seen[0].state_ids is states
     assert torch.equal(adv, REWARDS * MASK) and torch.equal(ret, REWARDS)
 
 
-def test_an_estimator_in_the_positional_form_gets_the_fields_in_order():
-    seen = []
-
+def test_an_estimator_in_the_earlier_positional_form_is_refused_in_one_line(user_names):
     def positional(token_rewards, response_mask, index, values, config, state_ids=None):
-        seen.append((token_rewards, response_mask, index, values, config, state_ids))
-        return grpo(token_rewards, response_mask, index, values, config, state_ids)
-
-    inputs = _inputs()
-    adv, _ = call_estimator(positional, inputs)
-    assert len(seen) == 1 and all(a is b for a, b in zip(seen[0], (REWARDS, MASK, INDEX, None, inputs.config, None)))
-    assert torch.equal(adv, compute_advantages("grpo", inputs)[0])
-
-
-def test_a_positional_estimator_with_a_greedy_baseline_gets_it_as_a_keyword():
-    seen = {}
-
-    def positional(token_rewards, response_mask, index, values, config, state_ids=None, reward_baselines=None):
-        seen["baselines"] = reward_baselines
         return token_rewards, token_rewards
 
-    positional.greedy_baseline = True
-    baselines = torch.tensor([1.0, 1.0, float("nan")])
-    call_estimator(positional, _inputs(reward_baselines=baselines))
-    assert seen["baselines"] is baselines
+    register_estimator("test_positional_form", positional)
+    user_names.append("test_positional_form")
+    # check_estimator: what `plan()` runs, so the run is refused before it starts (tests/runtime/test_plan.py);
+    # compute_advantages: the same for one registered after the run was planned
+    for refuse in (lambda: check_estimator("test_positional_form"),
+                   lambda: compute_advantages("test_positional_form", _inputs())):
+        with pytest.raises(ConfigError) as e:
+            refuse()
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith("algorithm.adv_estimator: estimator 'test_positional_form'")
+        assert "EstimatorInput" in msg
 
 
-@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo",
-                                  "gpg", "remax", "grpo_passk"])
-def test_built_ins_give_the_same_numbers_called_either_way(name):
-    fn = ESTIMATORS.get(name)
-    inputs = _inputs() if name != "grpo_passk" else _inputs().replace(index=torch.tensor([0, 0, 0]))
-    by_record = fn(inputs)
-    by_position = fn(*(getattr(inputs, f.name) for f in dataclasses.fields(EstimatorInput)))
-    for a, b in zip(by_record, by_position):
-        assert torch.equal(a, b)
+def test_check_estimator_names_the_known_ones_for_an_unknown_name():
+    with pytest.raises(ConfigError) as e:
+        check_estimator("grpoo")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("algorithm.adv_estimator: unknown advantage estimator 'grpoo'")
+    assert "Did you mean 'grpo'?" in msg
+    check_estimator("grpo")  # a built-in passes
+
+
+@pytest.mark.parametrize("name", ["grpo", "gigpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                                  "gae", "opo", "gpg", "remax", "grpo_passk"])
+def test_every_built_in_takes_the_record(name):
+    import inspect
+
+    params = list(inspect.signature(ESTIMATORS.get(name)).parameters.values())
+    assert len(params) == 1 and params[0].annotation in (EstimatorInput, "EstimatorInput")
 
 
 def test_the_record_is_frozen():

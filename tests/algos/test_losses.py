@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from agentrl.algos.losses import aggregate, ppo_policy_loss
+from agentrl.algos.losses import PolicyLossInput, aggregate, ppo_policy_loss
 
 
 def test_ratio_one_gives_minus_mean_advantage():
     adv = torch.tensor([[0.0, 1.0, 2.0], [0.0, -3.0, 0.5]])
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
     logp = torch.randn(2, 3)
-    loss, stats = ppo_policy_loss(logp, logp.clone(), adv, mask)
+    loss, stats = ppo_policy_loss(PolicyLossInput(logp, logp.clone(), adv, mask))
     assert float(loss) == pytest.approx(-(1.0 + 2.0 - 3.0) / 3)
     assert float(stats["pg_clipfrac"]) == 0.0 and float(stats["ppo_kl"]) == 0.0
 
@@ -21,19 +21,19 @@ def test_clipping_hand_computed():
     old = torch.zeros(1, 2)
     adv = torch.tensor([[1.0, -1.0]])
     mask = torch.ones(1, 2)
-    loss, stats = ppo_policy_loss(logp, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    loss, stats = ppo_policy_loss(PolicyLossInput(logp, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2))
     r = torch.exp(torch.tensor(0.5)).item()
     assert float(loss) == pytest.approx((-1.2 + r) / 2, rel=1e-5)
     assert float(stats["pg_clipfrac"]) == pytest.approx(0.5)
     # asymmetric: clip-higher 0.28 lets the positive side reach 1.28
-    loss_hi, _ = ppo_policy_loss(logp, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    loss_hi, _ = ppo_policy_loss(PolicyLossInput(logp, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28))
     assert float(loss_hi) == pytest.approx((-1.28 + r) / 2, rel=1e-5)
 
 
 def test_masked_tokens_get_zero_gradient():
     logp = torch.randn(2, 4, requires_grad=True)
     mask = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
-    loss, _ = ppo_policy_loss(logp, logp.detach() + 0.1, torch.randn(2, 4), mask)
+    loss, _ = ppo_policy_loss(PolicyLossInput(logp, logp.detach() + 0.1, torch.randn(2, 4), mask))
     loss.backward()
     assert torch.all(logp.grad[mask == 0] == 0)
     assert torch.all(logp.grad[mask == 1] != 0)
@@ -111,17 +111,17 @@ def test_dual_clip_bounds_negative_advantage_loss():
     # ratio e^2 = 7.39 with A = -1: the ordinary clipped loss is 7.39; dual-clip caps it at 3.
     logp, old = torch.tensor([[2.0, 2.0]]), torch.zeros(1, 2)
     adv, mask = torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2)
-    loss, stats = ppo_policy_loss(logp, old, adv, mask, clip_ratio_c=3.0)
+    loss, stats = ppo_policy_loss(PolicyLossInput(logp, old, adv, mask, clip_ratio_c=3.0))
     assert float(loss) == pytest.approx((3.0 + -1.2) / 2, rel=1e-5)
     assert float(stats["pg_clipfrac_lower"]) == pytest.approx(0.5)
-    loss_off, _ = ppo_policy_loss(logp, old, adv, mask, clip_ratio_c=None)
+    loss_off, _ = ppo_policy_loss(PolicyLossInput(logp, old, adv, mask, clip_ratio_c=None))
     assert float(loss_off) == pytest.approx((torch.exp(torch.tensor(2.0)).item() - 1.2) / 2, rel=1e-5)
 
 
 def test_weights_scale_each_token():
     logp = torch.zeros(1, 2)
     adv, mask = torch.tensor([[1.0, 1.0]]), torch.ones(1, 2)
-    loss, _ = ppo_policy_loss(logp, logp, adv, mask, weights=torch.tensor([[2.0, 0.0]]))
+    loss, _ = ppo_policy_loss(PolicyLossInput(logp, logp, adv, mask, weights=torch.tensor([[2.0, 0.0]])))
     assert float(loss) == pytest.approx(-1.0)
 
 
@@ -132,7 +132,7 @@ def test_masked_tokens_get_exactly_zero_gradient():
     mask = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 1.0, 0.0]])
     for mode in ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]:
         logp.grad = None
-        loss, _ = ppo_policy_loss(logp, old, adv, mask, loss_agg_mode=mode, clip_ratio_c=3.0)
+        loss, _ = ppo_policy_loss(PolicyLossInput(logp, old, adv, mask, loss_agg_mode=mode, clip_ratio_c=3.0))
         loss.backward()
         assert torch.all(logp.grad[mask == 0] == 0.0)
         assert torch.any(logp.grad[mask == 1] != 0.0)

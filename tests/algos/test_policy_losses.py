@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentrl.algos import reference_losses as ref
-from agentrl.algos.losses import ppo_policy_loss
+from agentrl.algos.losses import PolicyLossInput, ppo_policy_loss
 from agentrl.algos.policy_losses import policy_loss
 from agentrl.config import PolicyLossConfig, load_config
 from agentrl.errors import ConfigError
@@ -23,7 +23,7 @@ def _t(rows):
 
 def _run(name, logp, old, adv, mask, **kw):
     logp = _t(logp).requires_grad_(True)
-    loss, stats = policy_loss(name, logp, _t(old), _t(adv), _t(mask), **kw)
+    loss, stats = policy_loss(name, PolicyLossInput(logp, _t(old), _t(adv), _t(mask), **kw))
     loss.backward()
     return loss.item(), logp.grad, stats
 
@@ -39,7 +39,7 @@ def test_cispo_clips_the_weight_but_keeps_every_token_gradient():
     assert float(stats["pg_clipfrac"]) == 0.5
     # vanilla PPO drops the clipped token's gradient entirely; CISPO does not
     logp = _t([[0.0, -1.0]]).requires_grad_(True)
-    ppo_policy_loss(logp, _t([[-0.5, -1.0]]), _t([[1.0, -2.0]]), _t([[1.0, 1.0]]))[0].backward()
+    ppo_policy_loss(PolicyLossInput(logp, _t([[-0.5, -1.0]]), _t([[1.0, -2.0]]), _t([[1.0, 1.0]])))[0].backward()
     assert float(logp.grad[0, 0]) == 0.0
 
 
@@ -120,14 +120,16 @@ def test_vectorised_matches_reference_loss_and_gradient(name, mode, seed):
     logp, old, adv, mask = _random(seed)
     want_loss, want_grad = _reference(name, logp, old, adv, mask, mode)
     x = logp.clone().requires_grad_(True)
-    loss, _ = policy_loss(name, x, old, adv, mask, 0.2, 0.28, mode, horizon=6.0, config=PolicyLossConfig())
+    loss, _ = policy_loss(name, PolicyLossInput(x, old, adv, mask, 0.2, 0.28, mode, horizon=6.0,
+                                                config=PolicyLossConfig()))
     loss.backward()
     assert loss.item() == pytest.approx(want_loss, rel=1e-5, abs=1e-6)
     torch.testing.assert_close(x.grad, _t(want_grad), atol=1e-6, rtol=1e-5)
     # micro-batches given the mini-batch's counts add up to the whole
     counts = {"num_tokens": float(mask.sum()), "num_seqs": float((mask.sum(-1) > 0).sum()), "horizon": 6.0}
-    parts = sum(float(policy_loss(name, logp[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2], 0.2, 0.28,
-                                  mode, config=PolicyLossConfig(), **counts)[0]) for i in (0, 2))
+    parts = sum(float(policy_loss(name, PolicyLossInput(logp[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2],
+                                                        0.2, 0.28, mode, config=PolicyLossConfig(), **counts))[0])
+                for i in (0, 2))
     assert parts == pytest.approx(want_loss, rel=1e-5, abs=1e-6)
 
 
@@ -135,7 +137,7 @@ def test_vectorised_matches_reference_loss_and_gradient(name, mode, seed):
 def test_masked_tokens_get_no_gradient(name):
     logp, old, adv, mask = _random(7)
     x = logp.clone().requires_grad_(True)
-    policy_loss(name, x, old, adv, mask, config=PolicyLossConfig())[0].backward()
+    policy_loss(name, PolicyLossInput(x, old, adv, mask, config=PolicyLossConfig()))[0].backward()
     assert torch.all(x.grad[mask == 0] == 0.0) and torch.isfinite(x.grad).all()
 
 
@@ -178,14 +180,57 @@ def test_cli_names_the_unknown_loss_mode_in_one_line(tmp_path):
     assert res.stderr.strip().count("\n") == 0 and "actor.policy_loss.loss_mode" in res.stderr
 
 
-def test_every_policy_loss_has_the_one_typed_signature():
-    """Each registered loss takes PolicyLoss's parameters: same names, order, defaults and hints."""
+def test_every_policy_loss_takes_the_one_record():
+    """Each registered loss takes one parameter, a PolicyLossInput."""
     import inspect
 
-    from agentrl.algos.losses import PolicyLoss
-
-    want = list(inspect.signature(PolicyLoss.__call__).parameters.values())[1:]  # without self
     for name in POLICY_LOSSES.names():
-        got = list(inspect.signature(POLICY_LOSSES.get(name)).parameters.values())
-        assert [(p.name, p.default, p.annotation) for p in got] == \
-            [(p.name, p.default, p.annotation) for p in want], name
+        params = list(inspect.signature(POLICY_LOSSES.get(name)).parameters.values())
+        assert len(params) == 1 and params[0].annotation in (PolicyLossInput, "PolicyLossInput"), name
+
+
+@pytest.fixture
+def user_loss_names():
+    """Names a test registers as policy losses, taken out of the registry after it."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        POLICY_LOSSES._items.pop(name, None)
+
+
+def test_a_registered_loss_gets_the_record(user_loss_names):
+    from agentrl.algos.policy_losses import check_loss_mode
+    from agentrl.registry import register_policy_loss
+
+    seen = []
+
+    @register_policy_loss("test_halved_vanilla")
+    def halved(x):
+        seen.append(x)
+        loss, stats = ppo_policy_loss(x)
+        return loss * 0.5, stats
+
+    user_loss_names.append("test_halved_vanilla")
+    check_loss_mode("test_halved_vanilla")
+    logp, old, adv, mask = _random(3)
+    inputs = PolicyLossInput(logp, old, adv, mask, 0.2, 0.28, "seq-mean-token-mean", config=PolicyLossConfig())
+    loss, _ = policy_loss("test_halved_vanilla", inputs)
+    assert seen == [inputs] and torch.equal(loss, ppo_policy_loss(inputs)[0] * 0.5)
+
+
+def test_a_loss_in_the_earlier_many_parameter_form_is_refused_in_one_line(user_loss_names):
+    from agentrl.algos.policy_losses import check_loss_mode
+    from agentrl.registry import register_policy_loss
+
+    @register_policy_loss("test_positional_loss")
+    def positional(logprobs, old_logprobs, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
+                   loss_agg_mode="token-mean", num_tokens=None, clip_ratio_c=None, weights=None, num_seqs=None,
+                   horizon=None, config=None):
+        return ppo_policy_loss(PolicyLossInput(logprobs, old_logprobs, advantages, mask))
+
+    user_loss_names.append("test_positional_loss")
+    with pytest.raises(ConfigError) as e:
+        check_loss_mode("test_positional_loss")
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("actor.policy_loss.loss_mode: policy loss 'test_positional_loss'")
+    assert "PolicyLossInput" in msg

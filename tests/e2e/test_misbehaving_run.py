@@ -16,9 +16,9 @@ from agentrl.config import load_config
 from agentrl.errors import EnvError, RolloutError
 from agentrl.metrics import read_jsonl
 from agentrl.models.embedded import cache_root, tiny_cache_key
-from agentrl.runtime.build.policy import load_policy
+from agentrl.runtime.assembly.policy import load_policy
 from agentrl.runtime.local import train
-from agentrl.runtime.plan import plan
+from agentrl.runtime.assembly.plan import plan
 from bad_agents import FAULTS as AGENT_FAULTS  # importing registers bad_agent
 from bad_envs import ESCAPES, FAULTS  # tests/ is on sys.path (conftest.py); importing registers bad_lake
 

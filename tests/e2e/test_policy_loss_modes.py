@@ -8,7 +8,7 @@ import torch
 
 from agentrl.config import load_config
 from agentrl.metrics import read_jsonl
-from agentrl.runtime.build.trainer import build_trainer
+from agentrl.runtime.assembly.trainer import build_trainer
 
 from test_train import TINY  # tests/e2e is on sys.path (pytest prepend mode)
 

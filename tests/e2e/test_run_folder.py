@@ -358,7 +358,7 @@ def test_eval_tags_its_samples_with_the_checkpoints_step(run_copy):
 PRUNE = """
 import shutil, sys
 from pathlib import Path
-import agentrl.runtime.build.trainer as build
+import agentrl.runtime.assembly.trainer as build
 from agentrl.cli import main
 real = build.build_trainer
 def build_trainer(*args, **kwargs):

@@ -160,9 +160,9 @@ def test_an_estimator_registered_in_an_imported_file_trains(tmp_path, cache_dir)
         "from agentrl.registry import register_estimator\n"
         f"MARKER = {str(marker)!r}\n"
         "@register_estimator('halved_grpo')\n"
-        "def halved_grpo(token_rewards, response_mask, index, values, config, state_ids=None):\n"
+        "def halved_grpo(inputs):\n"
         "    open(MARKER, 'a').write('x')\n"
-        "    adv, ret = grpo(token_rewards, response_mask, index, values, config, state_ids)\n"
+        "    adv, ret = grpo(inputs)\n"
         "    return adv * 0.5, ret * 0.5\n")
     run = tmp_path / "run"
     res = _agentrl("train", "configs/frozen_lake.yaml", *TINY, f"run_dir={run}", f"model.cache_dir={cache_dir}",

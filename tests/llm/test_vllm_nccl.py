@@ -69,8 +69,8 @@ def test_servers_start_with_vllms_nccl_backend(tmp_path):
 def test_a_run_training_on_a_cpu_is_refused_before_any_server_starts(tmp_path, tiny_tokenizer):
     from agentrl.config import TinyModelConfig
     from agentrl.models.tiny import build_model
-    from agentrl.runtime.build.vllm_engine import vllm_engine
-    from agentrl.runtime.plan import plan
+    from agentrl.runtime.assembly.vllm_engine import vllm_engine
+    from agentrl.runtime.assembly.plan import plan
 
     if not Path(VLLM_PYTHON).is_file():  # the plan checks that the interpreter can start vLLM
         pytest.skip(f"no vLLM environment at {VLLM_PYTHON}: run `make vllm` (or set AGENTRL_VLLM_PYTHON)")

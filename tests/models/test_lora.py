@@ -12,7 +12,7 @@ from agentrl.errors import ConfigError
 from agentrl.llm.engine import SamplingParams
 from agentrl.llm.local.engine import LocalEngine
 from agentrl.models.lora import ADAPTER_CONFIG, adapter_state, apply_lora, is_adapter_state
-from agentrl.runtime.build.trainer import build_trainer
+from agentrl.runtime.assembly.trainer import build_trainer
 from agentrl.train.actor import Reference, token_logprobs
 from agentrl.train.batch import pack
 from agentrl.train.forward import ForwardOptions

@@ -16,7 +16,7 @@ from agentrl.llm.local.engine import LocalEngine
 from agentrl.models.loading import load_pretrained, save_pretrained
 from agentrl.rollout.collector import RolloutCollector
 from agentrl.rollout.tasks import TaskSource
-from agentrl.runtime.plan import plan
+from agentrl.runtime.assembly.plan import plan
 from agentrl.runtime.ray.engine_actor import EngineActor
 from agentrl.runtime.ray.engine_client import RayEngineClient
 from agentrl.runtime.ray.weight_sync import FileTransport

@@ -112,11 +112,14 @@ def test_the_transport_follows_placement():
 
 
 def test_a_run_on_engine_urls_places_no_engine_replica_and_says_so():
+    from agentrl.runtime.assembly.engine_kinds import engine_kind
+
     cfg = _cfg(*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "runtime.env_managers=2")
-    plan = plan_placement(cfg.runtime, reference=False, critic=False, engines=not cfg.engine.attached)
+    remote = engine_kind("remote")
+    plan = plan_placement(cfg.runtime, reference=False, critic=False, engines=not remote.attached(cfg.engine))
     assert [w.role for w in plan.workers] == ["actor_train", "env_manager", "env_manager"]
-    assert "actor_infer none (the servers of engine.urls)" in placement_summary(cfg.runtime, "remote", True)
-    assert placement_summary(cfg.runtime, "remote", True).endswith("reaching the engines by http")
+    assert "actor_infer none (the servers of engine.urls)" in placement_summary(cfg.runtime, remote.served, True)
+    assert placement_summary(cfg.runtime, remote.served, True).endswith("reaching the engines by http")
     vllm = _cfg(*RAY, "engine.kind=vllm", "runtime.actor_infer.world_size=2")
-    workers = plan_placement(vllm.runtime, False, False, not vllm.engine.attached).workers
+    workers = plan_placement(vllm.runtime, False, False, not engine_kind("vllm").attached(vllm.engine)).workers
     assert [w.role for w in workers].count("actor_infer") == 2

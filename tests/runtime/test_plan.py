@@ -91,6 +91,23 @@ def test_a_bad_config_is_one_line_and_exit_2(args, expected, tmp_path):
     assert res.stdout == "" and not (tmp_path / "cache").exists()
 
 
+def test_an_estimator_of_the_earlier_positional_form_is_refused_when_the_run_is_planned(tmp_path):
+    """An imported file registers an estimator taking the old positional arguments: `agentrl plan`
+    refuses it in one line (exit 2), before any model is built or step is played."""
+    user = tmp_path / "old_form_estimator.py"
+    user.write_text(
+        "from agentrl.registry import register_estimator\n"
+        "@register_estimator('old_form')\n"
+        "def old_form(token_rewards, response_mask, index, values, config, state_ids=None):\n"
+        "    return token_rewards, token_rewards\n")
+    res = _agentrl("plan", "configs/frozen_lake.yaml", f"imports=[{user}]", "algorithm.adv_estimator=old_form",
+                   f"model.cache_dir={tmp_path / 'cache'}")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:]
+    assert "algorithm.adv_estimator: estimator 'old_form'" in lines[0] and "EstimatorInput" in lines[0]
+    assert res.stdout == "" and not (tmp_path / "cache").exists()
+
+
 def test_a_run_writes_the_plan_agentrl_plan_prints_and_logs_it_at_its_start(tmp_path):
     """plan.json beside config.yaml equals `agentrl plan --json` of the same config, the run's
     log opens with `agentrl plan`'s text, and a resume that changes the run's length rewrites it."""
@@ -114,14 +131,15 @@ def test_a_run_writes_the_plan_agentrl_plan_prints_and_logs_it_at_its_start(tmp_
 # Every build step reads the plan: the functions that build a run's parts take a RunPlan (or one
 # of its sections), never the whole Config; only making the plan (preflight) reads the config.
 BUILD_STEPS = {
-    "agentrl.runtime.build.trainer": ["build_parts"],
-    "agentrl.runtime.build.policy": ["build_policy", "load_policy", "build_tiny"],
-    "agentrl.runtime.build.rollout": ["build_rollout", "task_source"],
-    "agentrl.runtime.build.engines": ["make_engine"],
-    "agentrl.runtime.build.envs": ["bind", "make_sampling", "make_budget", "make_agent", "make_collector",
+    "agentrl.runtime.assembly.trainer": ["build_parts"],
+    "agentrl.runtime.assembly.policy": ["build_policy", "load_policy"],
+    "agentrl.warm_start.recipe": ["embedded_policy", "build_tiny"],
+    "agentrl.runtime.assembly.rollout": ["build_rollout", "task_source"],
+    "agentrl.runtime.assembly.engines": ["make_engine"],
+    "agentrl.runtime.assembly.envs": ["bind", "make_sampling", "make_budget", "make_agent", "make_collector",
                                    "check_templates", "agent_texts"],
-    "agentrl.runtime.build.seeds": ["seed_texts", "demo_factories"],
-    "agentrl.runtime.build.learners": ["build_learners", "build_reference", "build_critic"],
+    "agentrl.warm_start.seeds": ["seed_texts", "demo_factories"],
+    "agentrl.runtime.assembly.learners": ["build_learners", "build_reference", "build_critic"],
 }
 
 
@@ -137,7 +155,7 @@ def test_every_build_step_reads_the_plan_not_the_config(module):
 
 
 def test_a_plan_keeps_its_own_sections_when_the_config_changes_afterwards():
-    from agentrl.runtime.plan import plan
+    from agentrl.runtime.assembly.plan import plan
 
     cfg = load_config(None, TINY)
     run_plan = plan(cfg)
@@ -149,8 +167,8 @@ def test_a_plan_keeps_its_own_sections_when_the_config_changes_afterwards():
 def test_a_plan_sent_to_another_process_binds_env_factories_there(tmp_path):
     import pickle
 
-    from agentrl.runtime.build.envs import bind
-    from agentrl.runtime.plan import plan
+    from agentrl.runtime.assembly.envs import bind
+    from agentrl.runtime.assembly.plan import plan
 
     run_plan = plan(load_config(None, TINY))
     sent = pickle.loads(pickle.dumps(run_plan.portable()))  # what a Ray actor receives

@@ -22,9 +22,9 @@ from agentrl.config import load_config  # noqa: E402
 from agentrl.errors import ConfigError  # noqa: E402
 from agentrl.metrics import read_jsonl  # noqa: E402
 from agentrl.models.embedded import cache_root, tiny_cache_key  # noqa: E402
-from agentrl.runtime.build.policy import load_policy  # noqa: E402
+from agentrl.runtime.assembly.policy import load_policy  # noqa: E402
 from agentrl.runtime.local import train  # noqa: E402
-from agentrl.runtime.plan import plan  # noqa: E402
+from agentrl.runtime.assembly.plan import plan  # noqa: E402
 from agentrl.runtime.ray.driver import init_cluster  # noqa: E402
 from agentrl.runtime.ray.weight_sync import ObjectStoreTransport  # noqa: E402
 from helpers import without_plan  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
 from agentrl.registry import load_builtins
-from agentrl.runtime.build.preflight import preflight
+from agentrl.runtime.assembly.preflight import preflight
 
 
 @pytest.mark.parametrize("overrides, says", [

@@ -21,7 +21,7 @@ from agentrl.envs.math_grader import shutdown_grader
 from agentrl.errors import ConfigError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.metrics import read_jsonl
-from agentrl.runtime.build.envs import import_user_modules
+from agentrl.runtime.assembly.envs import import_user_modules
 from agentrl.trajectory import Task
 
 ROOT = Path(__file__).parents[2]
@@ -250,8 +250,8 @@ def test_the_embedded_default_gives_seed_agents_a_tokenizer_folder(tmp_path, dat
     from transformers import AutoTokenizer
 
     from agentrl.config import load_config
-    from agentrl.runtime.build.policy import load_policy
-    from agentrl.runtime.plan import plan
+    from agentrl.runtime.assembly.policy import load_policy
+    from agentrl.runtime.assembly.plan import plan
 
     cfg = load_config(None, [f"imports=[{MODULE}]", "env.type=seed-math-code-single-step",
                              f"env.args.dataset_path={dataset}", "agent.type=seed-math-multi-turn", *TINY,

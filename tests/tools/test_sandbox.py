@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 import agentrl.tools.python as python_tool
+import agentrl.tools.sandbox as sandbox
 from agentrl.errors import ConfigError
 from agentrl.registry import TOOLS
 from agentrl.tools import ToolError, ToolTimeout
@@ -187,3 +188,15 @@ def test_where_bubblewrap_is_missing_the_tool_refuses_to_start_unless_asked_for_
         asyncio.run(weaker.run({"code": "import time\ntime.sleep(3600)"}))
     with pytest.raises(ConfigError, match=r"sandbox='docker': expected one of bwrap, process"):
         TOOLS.get("python").configure({"sandbox": "docker"}, "tool_args.python").start()
+
+
+@needs_bwrap
+def test_a_sandbox_still_running_after_the_kill_wait_is_killed_and_reaped(monkeypatch):
+    """Should bwrap outlive KILL_WAIT after the kill, it is killed itself and waited for: the run
+    ends with its exit status (not None) and leaves no process."""
+    before = _sandbox_processes()
+    monkeypatch.setattr(sandbox, "KILL_WAIT", 0.0)  # no kill is ever waited for long enough
+    out = asyncio.run(sandbox.run_python("import time\ntime.sleep(3600)\n", sandbox.Limits(timeout=1.0)))
+    assert out.status == "timeout"
+    assert out.exit_code is not None
+    assert _sandbox_processes() <= before

@@ -77,6 +77,17 @@ def test_a_torn_newest_checkpoint_falls_back_to_the_previous_one_with_a_warning(
         newest_readable(tmp_path, warn=warnings.append)
 
 
+def test_a_checkpoint_without_its_manifest_is_not_loaded_unverified(tmp_path, tiny_model):
+    model, opt = _trained(tiny_model)
+    save_checkpoint(tmp_path, 1, model, None, opt, {"x": 1}, keep=3)
+    newest = save_checkpoint(tmp_path, 2, model, None, opt, {"x": 2}, keep=3)
+    (newest / "manifest.json").unlink()
+    warnings = []
+    found, (_, _, state) = newest_readable(tmp_path, warn=warnings.append)
+    assert step_of(found) == 1 and state["x"] == 1
+    assert len(warnings) == 1 and "step_000002" in warnings[0] and "manifest.json is missing" in warnings[0]
+
+
 def test_a_cut_off_write_leaves_no_partial_folder_behind(tmp_path, tiny_model):
     model, opt = _trained(tiny_model)
     (tmp_path / ".tmp_step_000003").mkdir(parents=True)

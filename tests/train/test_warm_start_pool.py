@@ -6,8 +6,8 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.rollout.tasks import TaskSource
-from agentrl.runtime.build.policy import build_tiny
-from agentrl.runtime.plan import plan
+from agentrl.runtime.assembly.plan import plan
+from agentrl.warm_start.recipe import build_tiny
 
 ROOT = Path(__file__).parents[2]
 SMALL = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64",

@@ -61,7 +61,7 @@ class DecodeGraphs:
         self.captures = 0  # graphs captured so far (a test reads it)
         self._layout: tuple | None = None
         self._runs: dict[int, tuple] = {}
-        self._pool = None
+        self._pool: Any = None  # torch's opaque graph pool handle, once a graph is captured
 
     def invalidate(self) -> None:
         """Forget every captured pass (the model's modules changed)."""

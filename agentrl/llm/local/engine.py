@@ -20,14 +20,15 @@ import asyncio
 import random
 import threading
 import time
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
+from transformers import PreTrainedModel
 
 from agentrl.errors import EngineError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.local.decode_graphs import DecodeGraphs, decode_logits
-from agentrl.llm.local.kv_cache import SUPPORTED_LAYER_TYPES, SlotKVCache, attention_masks
+from agentrl.llm.local.kv_cache import SUPPORTED_LAYER_TYPES, SlotKVCache, attention_masks, text_config
 from agentrl.llm.local.sampler import sample_next, stop_string_hit
 from agentrl.llm.local.scheduler import Request, Scheduler, Sequence, check_context
 from agentrl.llm.local.stats import EngineStats
@@ -60,8 +61,9 @@ class LocalEngine:
         self.tokenizer = tokenizer  # only needed to detect stop strings
         self.max_num_batched_tokens = max_num_batched_tokens
         self.kv_on_weight_update = kv_on_weight_update
-        config = model.config.get_text_config()
-        self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", 4096)
+        config = text_config(model)
+        model_len: int = getattr(config, "max_position_embeddings", 4096)
+        self.max_model_len = max_model_len or model_len
         self.vocab_size = config.vocab_size
         self.layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
         self.sliding_window = getattr(config, "sliding_window", None)
@@ -81,9 +83,12 @@ class LocalEngine:
 
     @classmethod
     def from_config(cls, model: torch.nn.Module, tokenizer: Tokenizer, engine: Any, max_model_len: int,
-                    seed: int) -> "LocalEngine":
+                    seed: int) -> LocalEngine:
         """An engine for `model` with the knobs of an `EngineConfig` (max_model_len 0: the model's)."""
-        return cls(model, eos_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id,
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        if pad is None:
+            raise EngineError("the tokenizer has no pad_token_id; set its pad_token (eos_token is the usual stand-in)")
+        return cls(model, eos_token_ids=(eos,) if eos is not None else (), pad_token_id=pad,
                    max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
                    max_total_tokens=engine.max_total_tokens, max_model_len=max_model_len,
                    enable_prefix_caching=engine.enable_prefix_caching,
@@ -252,21 +257,21 @@ class LocalEngine:
                 logits.append(self._decode(decode))  # sorts `decode` by row, the order of its logits
                 ready += decode
             if ready:
-                logits = torch.cat(logits) if len(logits) > 1 else logits[0]
-                ready, logits = self._add_twins(ready, logits)
-                self._sample_and_finish(ready, logits)
+                batch = torch.cat(logits) if len(logits) > 1 else logits[0]
+                ready, batch = self._add_twins(ready, batch)
+                self._sample_and_finish(ready, batch)
             self.stats.steps += 1
             self.stats.seconds += time.perf_counter() - t0
 
     def _add_twins(self, ready: list[Sequence], logits: torch.Tensor) -> tuple[list[Sequence], torch.Tensor]:
         """Twins whose source got its logits this step take the same logits (and copy its KV)."""
-        twins = [s for s in self.sched.active if s.twin_of is not None]
+        twins = [(s, s.twin_of) for s in self.sched.active if s.twin_of is not None]
         if not twins:
             return ready, logits
         where = {seq: i for i, seq in enumerate(ready)}
         rows = []
-        for seq in twins:
-            i = where.get(seq.twin_of)
+        for seq, source in twins:
+            i = where.get(source)
             if self.sched.resolve_twin(seq, source_ready=i is not None):
                 ready.append(seq)
                 rows.append(i)
@@ -277,7 +282,8 @@ class LocalEngine:
     def _prefill_plan(self) -> list[tuple[Sequence, int]]:
         """(sequence, ids to prefill now) in admission order: the left-padded pass, rows times
         its widest chunk, stays within max_num_batched_tokens (the first chunk is cut to fit)."""
-        budget, plan, width = self.max_num_batched_tokens, [], 0
+        plan: list[tuple[Sequence, int]] = []
+        budget, width = self.max_num_batched_tokens, 0
         for seq in sorted((s for s in self.sched.active if not s.waiting_on_source and s.uncached > 1),
                           key=lambda s: s.admitted):
             n = min(seq.uncached, budget)
@@ -326,7 +332,7 @@ class LocalEngine:
             rows = torch.arange(len(seqs), device=self.device)
             out = decode_logits(self, ids, pos, rows, max(s.cached for s in seqs) + 1)
         for s in seqs:
-            if s.cached < len(s.request.prompt):  # a prompt id: the last one of a prompt served from cache
+            if s.cached < len(s.active_request.prompt):  # a prompt id: the last one of a prompt served from cache
                 self.stats.prefill_tokens += 1
                 self.stats.decode_prompt_tokens += 1
             s.cached += 1
@@ -335,7 +341,7 @@ class LocalEngine:
         return out
 
     def _sample_and_finish(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        reqs = [s.request for s in seqs]
+        reqs = [s.active_request for s in seqs]
         tokens, logprobs = sample_next(logits, [r.sampling for r in reqs], [r.rng.random() for r in reqs])
         version = self.policy_version
         for seq, req, tok, lp in zip(seqs, reqs, tokens, logprobs):
@@ -362,7 +368,7 @@ class LocalEngine:
             req.finish = "length"
 
     def _finish(self, seq: Sequence) -> None:
-        req = seq.request
+        req = seq.active_request
         self.stats.cached_prompt_tokens += req.reused
         self.sched.finish(seq)
         _resolve(req, Completion(req.out, req.logprobs, req.finish or "abort",
@@ -378,10 +384,11 @@ class LocalEngine:
                 req.finish = "abort"
                 _resolve(req, Completion([], [], "abort", self.policy_version, []))
         for seq in list(self.sched.active):
-            if abort or seq.request.future.done():
-                if seq.request.future.done():  # no one takes its ids: they reach no loss
-                    self.stats.discarded_tokens += len(seq.request.out)
-                seq.request.finish = "abort"
+            req = seq.active_request
+            if abort or req.future.done():
+                if req.future.done():  # no one takes its ids: they reach no loss
+                    self.stats.discarded_tokens += len(req.out)
+                req.finish = "abort"
                 self._finish(seq)
 
 
@@ -403,4 +410,4 @@ def _check_model(model: torch.nn.Module, layer_types: set[str]) -> None:
         raise EngineError(f"the local engine supports {', '.join(SUPPORTED_LAYER_TYPES)} layers; this model "
                           f"has {', '.join(sorted(unsupported))}")
     if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
-        model.set_attn_implementation("sdpa")
+        cast(PreTrainedModel, model).set_attn_implementation("sdpa")  # a transformers model: it has the switch

@@ -20,10 +20,18 @@ background thread (join order depends on timing) and samples without per-request
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
-from transformers import Cache
+from transformers import Cache, PreTrainedConfig
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def text_config(model: torch.nn.Module) -> PreTrainedConfig:
+    """The config of a transformers causal LM's text decoder (a multimodal model's included)."""
+    config = cast(PreTrainedConfig, model.config)  # torch types a module's attributes Tensor | Module
+    return config.get_text_config()
 
 
 class SlotKVCache:
@@ -44,9 +52,9 @@ class SlotKVCache:
         self.buf = torch.zeros(layers, two, 0, heads, 0, dim, dtype=self.dtype, device=self.device)
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, max_len: int) -> "SlotKVCache":
+    def for_model(cls, model: torch.nn.Module, max_len: int) -> SlotKVCache:
         """Size the buffers from a transformers causal LM's config."""
-        cfg = model.config.get_text_config()
+        cfg = text_config(model)
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
@@ -101,13 +109,13 @@ class SlotKVCache:
             idx = torch.tensor([a, b], device=self.device)
             self.buf[:, :, idx, :, :n] = self.buf[:, :, idx.flip(0), :, :n]
 
-    def decode_view(self, n_rows: int, positions: torch.Tensor, kv_len: int) -> "SlotView":
+    def decode_view(self, n_rows: int, positions: torch.Tensor, kv_len: int) -> SlotView:
         """View for one new token in each of rows `0..n_rows-1`, written at `positions` (n,)."""
         rows = torch.arange(n_rows, device=self.device)
         return SlotView(self, rows, positions, None, kv_len, contiguous=True)
 
     def prefill_view(self, rows: torch.Tensor, positions: torch.Tensor, real: torch.Tensor,
-                     kv_len: int) -> "SlotView":
+                     kv_len: int) -> SlotView:
         """View for chunks of `rows` (P,): `positions` (P, Q) where `real` (P, Q) marks non-padding."""
         return SlotView(self, rows, positions, real, kv_len, contiguous=False)
 

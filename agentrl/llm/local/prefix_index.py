@@ -8,7 +8,7 @@ tuples of ints the same way in every run, so the choice is deterministic.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 BLOCK = 16
 
@@ -20,13 +20,16 @@ class HasTokens(Protocol):
     block_hashes: list[int]
 
 
-class PrefixIndex:
-    """Block-hash index over the token ids of cached sequences."""
+S = TypeVar("S", bound=HasTokens)
+
+
+class PrefixIndex(Generic[S]):
+    """Block-hash index over the token ids of cached sequences (of type `S`, which `walk` returns)."""
 
     def __init__(self) -> None:
-        self._by_hash: dict[int, list[HasTokens]] = {}
+        self._by_hash: dict[int, list[S]] = {}
 
-    def add(self, seq: HasTokens) -> None:
+    def add(self, seq: S) -> None:
         """Register the full blocks of `seq.tokens` not registered yet."""
         hashes = seq.block_hashes
         h = hashes[-1] if hashes else 0
@@ -35,7 +38,7 @@ class PrefixIndex:
             hashes.append(h)
             self._by_hash.setdefault(h, []).append(seq)
 
-    def remove(self, seq: HasTokens) -> None:
+    def remove(self, seq: S) -> None:
         """Forget `seq` (it was freed)."""
         for h in seq.block_hashes:
             seqs = self._by_hash.get(h)
@@ -45,10 +48,11 @@ class PrefixIndex:
                     del self._by_hash[h]
         seq.block_hashes.clear()
 
-    def walk(self, prompt: list[int]) -> list[list[HasTokens]]:
+    def walk(self, prompt: list[int]) -> list[list[S]]:
         """For each leading block of `prompt` that some sequence shares, the sequences that
         share it (shallowest first); stops at the first block nobody shares."""
-        h, levels = 0, []
+        h = 0
+        levels: list[list[S]] = []
         for b in range(len(prompt) // BLOCK):
             h = hash((h, *prompt[b * BLOCK:(b + 1) * BLOCK]))
             seqs = self._by_hash.get(h)

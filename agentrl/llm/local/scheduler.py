@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.errors import EngineError
-from agentrl.llm.engine import SamplingParams
+from agentrl.llm.engine import FinishReason, SamplingParams
 from agentrl.llm.local.kv_cache import SlotKVCache
 from agentrl.llm.local.prefix_index import BLOCK, PrefixIndex, common_prefix
 
@@ -38,11 +38,11 @@ class Request:
     out: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    finish: str | None = None
+    finish: FinishReason | None = None
     stop_reason: int | str | None = None
     aborted: bool = False
     reused: int = 0  # prompt ids served from the cache
-    seq: "Sequence | None" = None
+    seq: Sequence | None = None
 
     @property
     def reserved(self) -> int:
@@ -58,8 +58,8 @@ class Sequence:
     row: int
     cached: int = 0  # leading ids whose KV is in the row
     request: Request | None = None  # None while parked
-    fork_from: "tuple[Sequence, int] | None" = None  # copy this many positions of that sequence first
-    twin_of: "Sequence | None" = None  # same prompt as that running sequence: share its KV and first logits
+    fork_from: tuple[Sequence, int] | None = None  # copy this many positions of that sequence first
+    twin_of: Sequence | None = None  # same prompt as that running sequence: share its KV and first logits
     kv_version: int = 0  # oldest weights version among the cached KV
     last_used: int = 0
     admitted: int = 0  # admission order, for fair chunked prefill
@@ -69,6 +69,13 @@ class Sequence:
     def uncached(self) -> int:
         """Ids still to run through the model."""
         return len(self.tokens) - self.cached
+
+    @property
+    def active_request(self) -> Request:
+        """The request a running sequence serves (a parked one has none)."""
+        if self.request is None:
+            raise EngineError("a parked sequence has no request")
+        return self.request
 
     @property
     def waiting_on_source(self) -> bool:
@@ -89,7 +96,7 @@ class Scheduler:
         self.active: list[Sequence] = []  # in admission order
         self.parked: dict[Sequence, None] = {}  # least recently used first
         self.rows: list[Sequence | None] = []
-        self.index = PrefixIndex()
+        self.index: PrefixIndex[Sequence] = PrefixIndex()
         self.clock = 0  # admissions and finishes so far, for LRU order
         self.evictions = 0
         self._reserved = 0  # prompt + max new tokens of every running request
@@ -201,13 +208,15 @@ class Scheduler:
         """Copy the whole prompt's KV from the twin's source once the source has run it (its
         logits are then the twin's too); a source that went away leaves the twin to prefill."""
         source = seq.twin_of
+        if source is None:
+            raise EngineError("resolve_twin takes a twin: a sequence that shares another one's prompt")
         if source_ready:
             self._copy(source, seq, len(seq.tokens))
             seq.twin_of = None
             return True
         if source.request is None or source.row < 0:
             seq.twin_of = None
-            seq.request.reused = seq.cached
+            seq.active_request.reused = seq.cached
         return False
 
     def _copy(self, source: Sequence, seq: Sequence, n: int) -> None:
@@ -244,7 +253,7 @@ class Scheduler:
     def finish(self, seq: Sequence) -> None:
         """The request of `seq` is done: park its KV for reuse (or free it)."""
         self.active.remove(seq)
-        self._reserved -= seq.request.reserved
+        self._reserved -= seq.active_request.reserved
         seq.request = None
         self.clock += 1
         seq.last_used = self.clock

@@ -34,7 +34,7 @@ import httpx
 
 from agentrl.errors import EngineError
 from agentrl.llm.engine import Completion, SamplingParams, episode_key
-from agentrl.llm.remote.wire import WIRES
+from agentrl.llm.remote.wire import WIRES, FolderWire, Wire
 from agentrl.llm.weights import save_file_atomic, save_model_folder, to_bytes
 
 DOWN_SECONDS = 5.0  # a server that failed is tried again only after this long (unless all are down)
@@ -52,7 +52,7 @@ class RemoteEngine:
         if protocol not in WIRES:
             raise EngineError(f"unknown engine protocol {protocol!r}; known: {', '.join(WIRES)}")
         self.urls = [u.rstrip("/") for u in urls]
-        self.wire = WIRES[protocol]()
+        self.wire: Wire = WIRES[protocol]()
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
         self.max_retries = max_retries
@@ -104,7 +104,8 @@ class RemoteEngine:
                 self._mark_down(server)
                 continue
             if resp.status_code >= 400:
-                raise EngineError(f"engine server {url} refused the request (HTTP {resp.status_code}): {error_message(resp)}")
+                raise EngineError(f"engine server {url} refused the request (HTTP {resp.status_code}): "
+                                  f"{error_message(resp)}")
             completion = self._parse(resp, url, version)
             self._stats["requests"] += 1
             self._stats["generated"] += len(completion.token_ids)
@@ -187,9 +188,10 @@ class RemoteEngine:
                            headers={"content-type": "application/octet-stream"})
         else:
             assert self.weights_dir is not None, "vllm/sglang load weights from engine.weights_dir"
+            assert isinstance(self.wire, FolderWire), "only agentrl servers take weights other than as a folder"
             save_model_folder(state_dict, self.weights_dir, self.model_config)
-            for path, body in self.wire.reload(str(self.weights_dir.resolve())):
-                self._each("post", path, json=body)
+            for route, body in self.wire.reload(str(self.weights_dir.resolve())):
+                self._each("post", route, json=body)
         self.policy_version = version
         self._stats["pushes"] += 1
         self._stats["push_seconds"] += time.perf_counter() - t0

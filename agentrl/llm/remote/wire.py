@@ -27,13 +27,39 @@ weight update then carries the version of each id.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agentrl.errors import EngineError
-from agentrl.llm.engine import Completion, SamplingParams
+from agentrl.llm.engine import Completion, FinishReason, SamplingParams
 
 
-def _finish(reason: Any) -> str:
+class Wire(Protocol):
+    """What `RemoteEngine` reads and calls on a wire format: its routes and its bodies."""
+
+    name: str  # the engine.protocol value that picks it
+    health: str
+    generate_path: str
+    reset_path: str
+
+    def generate_body(self, prompt: list[int], s: SamplingParams) -> dict[str, Any]:
+        """The request body of one generation."""
+
+    def completion(self, data: dict[str, Any], version: int) -> Completion:
+        """The Completion in a response body (`version`: the one pushed when it was sent)."""
+
+    def reset_ok(self, status: int, data: Any) -> bool:
+        """Whether a prefix-cache reset response says the prefixes were dropped."""
+
+
+@runtime_checkable
+class FolderWire(Wire, Protocol):
+    """A wire whose servers load new weights from a model folder (vLLM, SGLang)."""
+
+    def reload(self, folder: str) -> list[tuple[str, dict[str, Any]]]:
+        """(route, JSON body) calls that make a server serve the weights written to `folder`."""
+
+
+def _finish(reason: Any) -> FinishReason:
     kind = reason.get("type") if isinstance(reason, dict) else reason
     return kind if kind in ("stop", "length", "abort") else "stop"
 
@@ -125,7 +151,7 @@ def span_versions(spans: list[dict[str, Any]], n: int) -> list[int]:
         versions[int(span["start"]):int(span["end"])] = [label] * (int(span["end"]) - int(span["start"]))
     if any(v is None for v in versions):
         raise EngineError(f"vLLM's weight_versions spans {spans} do not cover its {n} ids")
-    return versions  # type: ignore[return-value]
+    return versions  # type: ignore[return-value]  # every None was refused just above
 
 
 class SglangWire:
@@ -167,4 +193,4 @@ class SglangWire:
         return [("/update_weights_from_disk", {"model_path": folder})]
 
 
-WIRES = {"agentrl": AgentrlWire, "vllm": VllmWire, "sglang": SglangWire}
+WIRES: dict[str, type[Wire]] = {"agentrl": AgentrlWire, "vllm": VllmWire, "sglang": SglangWire}

@@ -20,8 +20,14 @@ from fastapi import FastAPI, Request
 
 from agentrl.llm.conversation import completion_versions
 from agentrl.llm.server.guard import JSON, media_type, read_body
-from agentrl.llm.server.openai_schema import (AgentrlGenerateRequest, RequestError, StateRequest, WeightsRequest,
-                                              agentrl_sampling, parse)
+from agentrl.llm.server.openai_schema import (
+    AgentrlGenerateRequest,
+    RequestError,
+    StateRequest,
+    WeightsRequest,
+    agentrl_sampling,
+    parse,
+)
 from agentrl.llm.server.state import ServerState, admitted, check_model, read_json
 from agentrl.llm.weights import body_limit, check_fits, from_bytes, from_weights_dir, served_layout
 

@@ -55,9 +55,11 @@ from agentrl.llm.server.state import ServerState
 from agentrl.tokenizer import Tokenizer
 
 
-def build_app(engine: Any, tokenizer: Tokenizer, cfg: ServeConfig | None = None, *, model_name: str | None = None,
-              engine_loop: asyncio.AbstractEventLoop | None = None, sessions: SessionStore | None = None) -> FastAPI:
-    """The FastAPI app serving `engine` (with `tokenizer`) under the caps of `cfg`."""
+def build_app(engine: Any, tokenizer: Tokenizer | None, cfg: ServeConfig | None = None, *,
+              model_name: str | None = None, engine_loop: asyncio.AbstractEventLoop | None = None,
+              sessions: SessionStore | None = None) -> FastAPI:
+    """The FastAPI app serving `engine` (with `tokenizer`) under the caps of `cfg` (engine and
+    tokenizer None: a server that only hosts sessions)."""
     cfg = cfg or ServeConfig()
     app = FastAPI(title="agentrl", docs_url=None, redoc_url=None, openapi_url=None)
     state = ServerState(engine, tokenizer, cfg, model_name or cfg.served_model_name or "agentrl", engine_loop,
@@ -143,7 +145,10 @@ def uvicorn_server(app: FastAPI, idle_timeout: float = 30.0) -> Any:
     """A uvicorn server for `app` (quiet: errors only) that closes connections silent for `idle_timeout` s."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="error", access_log=False, timeout_keep_alive=idle_timeout,
+    # uvicorn annotates timeout_keep_alive int but only hands it to loop.call_later: a fractional
+    # serve.idle_timeout (a float config field) works as is, and rounding it would change it.
+    config = uvicorn.Config(app, log_level="error", access_log=False,
+                            timeout_keep_alive=idle_timeout,  # type: ignore[arg-type]  # see above: seconds as a float
                             http=TimedH11Protocol, lifespan="off", ws="none",
                             log_config=None)  # log_config=None: leave the process's logging alone
     return uvicorn.Server(config)
@@ -236,10 +241,11 @@ async def session_server() -> SessionHost:
 
 
 async def _start_session_host() -> SessionHost:
-    cfg = ServeConfig(host="127.0.0.1", port=0, api_key=secrets.token_urlsafe(24), max_tokens=2**24, max_n=64)
+    key = secrets.token_urlsafe(24)
+    cfg = ServeConfig(host="127.0.0.1", port=0, api_key=key, max_tokens=2**24, max_n=64)
     app = build_app(None, None, cfg, model_name="agentrl-session")
     server, task, url = await serve_in_loop(app, cfg.host, 0, name="agentrl-session-server")
-    return SessionHost(url, cfg.api_key, app.state.agentrl.sessions, server, task, ssl.create_default_context())
+    return SessionHost(url, key, app.state.agentrl.sessions, server, task, ssl.create_default_context())
 
 
 async def serve_in_loop(app: FastAPI, host: str, port: int = 0, *,

@@ -108,7 +108,8 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | None:
     return tools or None
 
 
-def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> str:
+def render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None,
+           generation_prompt: bool) -> str:
     """The chat template's text for `messages`, the special tokens' text in their strings and in
     `tools` marked for `encode_chat` (a template error is a MessageError)."""
     try:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -200,7 +200,7 @@ class Guard:
             await send(message)
         try:
             await self.app(scope, receive, tracked)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 (any error of the app is answered as a JSON 500 while it still can be)
             if started:  # a streamed response broke midway: nothing left to answer with
                 raise
             body = error_body(f"internal error: {type(e).__name__}: {e}", 500)
@@ -216,7 +216,7 @@ async def _next(receive: Any, timeout: float) -> dict:
                            close=True) from None
 
 
-async def drain(scope: dict, receive: Any, timeout: float, seen: int = 0) -> bool:
+async def drain(scope: MutableMapping[str, Any], receive: Any, timeout: float, seen: int = 0) -> bool:
     """Read and drop the rest of a request's body, up to DRAIN_BYTES in all (`seen` were read);
     True when it ended, so the connection can serve the next request."""
     declared = dict(scope["headers"]).get(b"content-length", b"")
@@ -270,7 +270,7 @@ class TimedH11Protocol(H11Protocol):
 
     _deadline: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._watch()
 

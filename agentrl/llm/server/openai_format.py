@@ -51,7 +51,8 @@ def _chat_logprobs(tokenizer: Tokenizer, choice: Choice, top: list[list[tuple[in
     content = []
     for i, (text, lp) in enumerate(zip(texts, c.logprobs)):
         alts = [{"token": tokenizer.decode([t], skip_special_tokens=False), "logprob": v,
-                 "bytes": list(tokenizer.decode([t], skip_special_tokens=False).encode())} for t, v in (top[i] if top else [])]
+                 "bytes": list(tokenizer.decode([t], skip_special_tokens=False).encode())}
+                for t, v in (top[i] if top else [])]
         content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": alts})
     return {"content": content}
 
@@ -65,7 +66,8 @@ def chat_body(model: str, prompt_ids: list[int], choices: list[Choice], tokenize
         if ch.tool_calls:
             message["tool_calls"] = ch.tool_calls
         item: dict[str, Any] = {"index": i, "message": message, "finish_reason": ch.finish_reason,
-                                "logprobs": _chat_logprobs(tokenizer, ch, top[i] if top else None) if logprobs else None,
+                                "logprobs": (_chat_logprobs(tokenizer, ch, top[i] if top else None)
+                                             if logprobs else None),
                                 "policy_versions": completion_versions(ch.completion)}
         if with_ids:
             item["token_ids"] = list(ch.completion.token_ids)
@@ -96,7 +98,8 @@ def completion_choice(index: int, prompt_ids: list[int], ch: Choice, tokenizer: 
             offsets.append(pos)
             pos += len(t)
         item["logprobs"] = {"tokens": texts, "token_logprobs": list(ch.completion.logprobs),
-                            "top_logprobs": [{tokenizer.decode([t]): v for t, v in row} for row in top] if top else None,
+                            "top_logprobs": ([{tokenizer.decode([t]): v for t, v in row} for row in top]
+                                             if top else None),
                             "text_offset": offsets}
     if with_ids:
         item["token_ids"] = list(ch.completion.token_ids)
@@ -131,7 +134,8 @@ def text_deltas(tokenizer: Tokenizer, ids: list[int], text: str) -> list[tuple[s
     return out
 
 
-def chat_events(body: dict[str, Any], choices: list[Choice], tokenizer: Tokenizer, include_usage: bool) -> Iterator[str]:
+def chat_events(body: dict[str, Any], choices: list[Choice], tokenizer: Tokenizer,
+                include_usage: bool) -> Iterator[str]:
     """The server-sent events of a chat completion `body` (already generated)."""
     base = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
     with_ids = "prompt_token_ids" in body

@@ -13,6 +13,7 @@ Each body is read and parsed into its schema (400 naming the field) before it re
 from __future__ import annotations
 
 import asyncio
+from collections.abc import MutableMapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,11 +21,27 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentrl.llm.encoding import encode_chat, encode_text
 from agentrl.llm.server.chat_messages import check_tools, normalize_messages, render
-from agentrl.llm.server.openai_format import (chat_body, chat_events, completion_body, completion_choice,
-                                              completion_events, new_id, vllm_body)
-from agentrl.llm.server.openai_schema import (ChatRequest, CompletionRequest, RequestError, RewardRequest,
-                                              VllmGenerateRequest, parse, refuse_unsupported, request_sampling,
-                                              sampling_params, vllm_sampling)
+from agentrl.llm.server.openai_format import (
+    chat_body,
+    chat_events,
+    completion_body,
+    completion_choice,
+    completion_events,
+    new_id,
+    vllm_body,
+)
+from agentrl.llm.server.openai_schema import (
+    ChatRequest,
+    CompletionRequest,
+    RequestError,
+    RewardRequest,
+    VllmGenerateRequest,
+    parse,
+    refuse_unsupported,
+    request_sampling,
+    sampling_params,
+    vllm_sampling,
+)
 from agentrl.llm.server.sessions import RequestPolicy, Session, in_loop, make_choice
 from agentrl.llm.server.state import ServerState, admitted, check_model, eos_ids, read_json
 from agentrl.llm.weights import top_logprobs
@@ -69,8 +86,8 @@ def add_vllm_routes(app: FastAPI, state: ServerState) -> None:
         sp = vllm_sampling(req.sampling_params, cfg.max_tokens, cfg.max_tokens)
         with admitted(state):
             completion = await state.call(state.engine.generate, req.token_ids, sp)
-        choice = make_choice(state.tokenizer, completion, False)
-        return vllm_body(req.request_id or new_id("gen"), choice, state.tokenizer,
+        choice = make_choice(state.served_tokenizer, completion, False)
+        return vllm_body(req.request_id or new_id("gen"), choice, state.served_tokenizer,
                          req.sampling_params.logprobs is not None)
 
 
@@ -103,7 +120,7 @@ async def serve_chat(state: ServerState, req: ChatRequest, session: Session | No
             reply = await session.chat(req.messages, tools, rs)
             prompt, choices, version = reply.prompt_ids, reply.choices, int(getattr(llm, "policy_version", 0))
         else:
-            tokenizer, llm, loop = state.tokenizer, state.engine, state.engine_loop
+            tokenizer, llm, loop = state.served_tokenizer, state.engine, state.engine_loop
             prompt = encode_chat(tokenizer, render(tokenizer, normalize_messages(req.messages), tools, True))
             plans = sampling_params(rs, state.cfg.max_tokens, eos_ids(tokenizer))
             completions = await asyncio.gather(*(state.call(llm.generate, prompt, sp) for sp in plans))
@@ -125,7 +142,7 @@ async def serve_completions(state: ServerState, req: CompletionRequest) -> Any:
     cfg = state.cfg
     refuse_unsupported(req)
     rs = request_sampling(req, cfg.max_tokens, cfg.max_n)
-    tok = state.tokenizer
+    tok = state.served_tokenizer
     prompts = _prompts(tok, req.prompt, cfg.max_n)
     plans = sampling_params(rs, cfg.max_tokens, eos_ids(tok))
     with admitted(state):
@@ -157,7 +174,7 @@ def _prompts(tokenizer: Tokenizer, prompt: Any, limit: int) -> list[list[int]]:
     return [encode_text(tokenizer, p) if isinstance(p, str) else list(p) for p in prompt]
 
 
-def own_url(scope: dict) -> str:
+def own_url(scope: MutableMapping[str, Any]) -> str:
     """This server's URL from its own side of the connection (the address and port the client
     reached), never from the client's `Host` header."""
     host, port = scope["server"]
@@ -172,8 +189,8 @@ def add_session_routes(app: FastAPI, state: ServerState) -> None:
     async def open_session(request: Request) -> dict[str, Any]:
         if state.engine is None:
             raise RequestError(404, "this server opens sessions in-process only")
-        session = store.open(state.tokenizer, state.engine, state.engine_loop,
-                             RequestPolicy(cfg.max_tokens, eos_ids(state.tokenizer)))
+        session = store.open(state.served_tokenizer, state.engine, state.engine_loop,
+                             RequestPolicy(cfg.max_tokens, eos_ids(state.served_tokenizer)))
         return {"id": session.id, "base_url": f"{own_url(request.scope)}/sessions/{session.id}/v1"}
 
     @app.get("/sessions/{sid}")

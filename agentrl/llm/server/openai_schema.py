@@ -40,13 +40,13 @@ class _Sampling(_Strict):
     """The decoding fields OpenAI's two routes share (plus vLLM's top_k)."""
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1, le=INT64)
-    temperature: float | None = Field(None, ge=0.0, le=100.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1, le=INT64)
-    n: int = Field(1, ge=1, le=INT64)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT64)
+    temperature: float | None = Field(default=None, ge=0.0, le=100.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1, le=INT64)
+    n: int = Field(default=1, ge=1, le=INT64)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-(2**63), le=INT64)
+    seed: int | None = Field(default=None, ge=-(2**63), le=INT64)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     return_token_ids: bool = False
@@ -60,9 +60,9 @@ class ChatRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[Any]
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT64)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -72,7 +72,7 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -81,15 +81,15 @@ class CompletionRequest(_Sampling):
 class VllmSampling(_Strict):
     """`sampling_params` of vLLM's /inference/v1/generate (the fields this engine has)."""
 
-    max_tokens: int | None = Field(None, ge=1, le=INT64)
-    temperature: float = Field(1.0, ge=0.0, le=100.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, le=INT64)
-    n: int = Field(1, ge=1, le=1)
-    seed: int | None = Field(None, ge=-(2**63), le=INT64)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT64)
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1, le=INT64)
+    n: int = Field(default=1, ge=1, le=1)
+    seed: int | None = Field(default=None, ge=-(2**63), le=INT64)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 class VllmGenerateRequest(_Strict):
@@ -105,14 +105,14 @@ class VllmGenerateRequest(_Strict):
 class AgentrlSampling(_Strict):
     """Every field of `SamplingParams`, as our own route takes them."""
 
-    temperature: float = Field(1.0, gt=0.0, le=100.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, le=INT64)
-    max_new_tokens: int = Field(16, ge=1, le=INT64)
+    temperature: float = Field(default=1.0, gt=0.0, le=100.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1, le=INT64)
+    max_new_tokens: int = Field(default=16, ge=1, le=INT64)
     greedy: bool = False
     stop_token_ids: list[int] = Field(default_factory=list)
     stop: list[str] = Field(default_factory=list)
-    seed: int | None = Field(None, ge=0, le=INT64)
+    seed: int | None = Field(default=None, ge=0, le=INT64)
 
 
 class AgentrlGenerateRequest(_Strict):

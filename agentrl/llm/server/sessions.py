@@ -149,7 +149,7 @@ class Session:
         rendered = render(self.tokenizer, messages, tools, generation_prompt=True)
         prev = self.turns[-1] if self.turns else None
         bridged = self._bridge(prev, messages, tools, rendered) if prev is not None else None
-        if bridged is None:
+        if prev is None or bridged is None:
             prompt = encode_chat(self.tokenizer, rendered)
             new_ids, segment = prompt, (prev.segment + 1 if prev is not None else 0)
         else:

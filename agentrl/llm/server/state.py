@@ -35,13 +35,20 @@ class ServerState:
     """What the routes share: the engine and where it lives, the tokenizer, caps, sessions."""
 
     engine: Any  # an InferenceEngine, or None for a server that only hosts sessions
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None with the engine: a server that only hosts sessions
     cfg: ServeConfig
     model_name: str
     engine_loop: asyncio.AbstractEventLoop | None = None  # None: the server's own loop
     sessions: SessionStore = field(default_factory=SessionStore)
     admin_key: str = ""  # what the control routes take: cfg.api_key, or one made at start-up
     inflight: int = 0
+
+    @property
+    def served_tokenizer(self) -> Tokenizer:
+        """The tokenizer of the engine served (404 on a server that only hosts sessions)."""
+        if self.tokenizer is None:
+            raise RequestError(404, "this server only hosts sessions (/sessions/<id>/v1); it serves no engine")
+        return self.tokenizer
 
     async def call(self, fn: Any, *args: Any) -> Any:
         """Run engine method `fn(*args)` (sync or async) in the engine's loop."""

@@ -43,6 +43,7 @@ from typing import Any
 from agentrl.errors import EngineError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.remote.engine import RemoteEngine
+from agentrl.llm.remote.wire import VllmWire
 from agentrl.llm.vllm.control import PAUSE_MODES, VllmControl
 from agentrl.llm.vllm.launch import CPU_BUILD_ARGS, EXTENSION, TRANSPORT, TRANSPORTS, VllmServer, cpu_build, vllm_python
 from agentrl.llm.vllm.nccl import NcclSender
@@ -79,7 +80,10 @@ class VllmEngine:
         if probe is not None and (probe_ids is None or len(probe_ids) < 2):
             raise EngineError("a probe needs probe_ids: at least 2 ids to score")
         self.remote = RemoteEngine(urls, "vllm", api_key=api_key, timeout=timeout, max_retries=max_retries, seed=seed)
-        self.remote.wire.server_versions = True
+        wire = self.remote.wire
+        assert isinstance(wire, VllmWire)  # the wire of protocol "vllm"
+        self.wire = wire  # the remote's own: the adapter to request and whether to read version labels
+        self.wire.server_versions = True
         self.controls = [VllmControl(u, api_key, timeout) for u in self.remote.urls]
         self.weights_dir = Path(weights_dir)
         self.pause_mode = pause_mode
@@ -248,7 +252,7 @@ class VllmEngine:
             if label != str(version):
                 raise EngineError(f"vLLM server {control.url} reports weights version {label!r} after the push of "
                                   f"version {version}: another client changed its weights")
-            served = control.score(self.probe_ids, self.remote.wire.model)
+            served = control.score(self.probe_ids, self.wire.model)
             gap = max(abs(a - b) for a, b in zip(served, mine))
             if not gap <= self.probe_tolerance:  # NaN fails too
                 raise EngineError(f"vLLM server {control.url} scores the probe up to {gap:.3g} nats away from the "
@@ -268,8 +272,8 @@ class VllmEngine:
         for control in self.controls:
             control.load_lora(name, str(folder.resolve()))
             control.set_weight_version(str(version))
-        self.remote.wire.model = name
-        self.remote.wire.server_versions = False  # an adapter is chosen per request: stamp at send
+        self.wire.model = name
+        self.wire.server_versions = False  # an adapter is chosen per request: stamp at send
         self._adapters.append(name)
         while len(self._adapters) > KEEP_ADAPTERS:
             old = self._adapters.pop(0)
@@ -283,7 +287,7 @@ class VllmEngine:
             raise EngineError(f"probe: {len(ids) - 1} positions to score but {len(trainer_logprobs)} trainer logprobs")
         gap = 0.0
         for control in self.controls:
-            served = control.score(ids, self.remote.wire.model)
+            served = control.score(ids, self.wire.model)
             gap = max([gap] + [abs(a - b) for a, b in zip(served, trainer_logprobs)])
         return gap
 

@@ -167,10 +167,10 @@ class VllmServer:
     def command(self) -> list[str]:
         """The server's command line."""
         # `--api-key=KEY` as one argument: a random key may start with "-", which argparse takes for an option
-        cmd = [self.python, "-c", BOOT, str(os.getpid()), MODULE, "--model", self.model, "--host", self.host, "--port", str(self.port),
-               f"--api-key={self.api_key}", "--dtype", self.dtype, "--seed", str(self.seed), "--enable-scale-out",
-               "--logprobs-mode", "processed_logprobs", "--weight-transfer-config", json.dumps({"backend": self.transfer}),
-               "--worker-extension-cls", EXTENSION]
+        cmd = [self.python, "-c", BOOT, str(os.getpid()), MODULE, "--model", self.model, "--host", self.host,
+               "--port", str(self.port), f"--api-key={self.api_key}", "--dtype", self.dtype, "--seed", str(self.seed),
+               "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
+               "--weight-transfer-config", json.dumps({"backend": self.transfer}), "--worker-extension-cls", EXTENSION]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.lora_rank > 0:

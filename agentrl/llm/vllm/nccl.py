@@ -25,8 +25,9 @@ NCCL). What the tests check on a CPU: the payloads parse with vLLM's own datacla
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 

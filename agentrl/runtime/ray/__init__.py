@@ -1,1 +1,1 @@
-"""The Ray runtime (runtime.kind=ray): the parts that runtime/build/ makes, placed as Ray actors."""
+"""The Ray runtime (runtime.kind=ray): the parts that runtime/assembly/ makes, placed as Ray actors."""

@@ -84,7 +84,7 @@ def check_reachable(address: str, timeout: float = CONNECT_SECONDS) -> None:
             sock.settimeout(timeout)
             sock.sendall(_PREFACE)
             head = _read(sock, 9)
-    except socket.timeout:
+    except TimeoutError:
         raise ConfigError(f"{where}: no answer within {timeout:g} s; check the address and that the cluster is up "
                           "(`ray status` on its head)") from None
     except OSError as e:

@@ -30,24 +30,40 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from agentrl.agents.openai import portable_entry
 from agentrl.config import Config
-from agentrl.config.runtime import placement_summary
 from agentrl.errors import AgentRLError
 from agentrl.metrics import write_summary
-from agentrl.runtime.build.plan_types import TagPlan
-from agentrl.runtime.build.policy import build_policy, model_context, model_vocab
-from agentrl.runtime.plan import RunPlan, plan
+from agentrl.runtime.assembly.plan import RunPlan, plan
+from agentrl.runtime.assembly.plan_types import TagPlan
+from agentrl.runtime.assembly.policy import build_policy, model_context, model_vocab
 from agentrl.runtime.process import seed_everything
 from agentrl.runtime.ray.cluster import init_cluster, require_ray
 from agentrl.runtime.ray.engine_client import first_line
-from agentrl.runtime.ray.placement import (HEAD, bound_engines, check_resources, choose_transport, options,
-                                             replica_seed, reserve)
-from agentrl.runtime.ray.workers import RunSpec, model_source, share, user_registrations
+from agentrl.runtime.ray.placement import (
+    HEAD,
+    Plan,
+    Worker,
+    bound_engines,
+    check_resources,
+    choose_transport,
+    options,
+    replica_seed,
+    reserve,
+)
+from agentrl.runtime.ray.workers import (
+    RunSpec,
+    ServedReplicas,
+    SharedSpec,
+    SourceParts,
+    model_source,
+    share,
+    user_registrations,
+)
 from agentrl.tokenizer import Tokenizer
 from agentrl.train.checkpoint import latest_checkpoint, step_of
 
@@ -152,7 +168,8 @@ def ray_trainer(cfg: Config, run_dir: Path, log: Callable[[str], None] = print,
     with cluster(cfg, log):
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
         check_resources(placement, rt, ray.cluster_resources(), nodes)
-        pg = reserve(placement, rt.placement_timeout)  # before the model: a placement that cannot be had fails in seconds
+        # Before the model: a placement that cannot be had fails in seconds.
+        pg = reserve(placement, rt.placement_timeout)
         t_placed = time.perf_counter()
         actors = Actors()
         try:
@@ -192,7 +209,7 @@ class Actors:
         """`cls(*args)` as a named actor in `worker`'s bundle."""
         import ray
 
-        handle = ray.remote(cls).options(name=self.prefix + name, **options(worker, pg), **kw).remote(*args)
+        handle: Any = ray.remote(cls).options(name=self.prefix + name, **options(worker, pg), **kw).remote(*args)
         self.handles.append(handle)
         return handle
 
@@ -232,75 +249,126 @@ def wait_all(refs: dict[str, Any], timeout: float | None = None) -> dict[str, An
 
 def launch(cfg: Config, run_plan: RunPlan, pg: Any, model: Any, tokenizer: Tokenizer, run_dir: Path,
            log: Callable[[str], None], actors: Actors) -> RayRun:
-    """Create every actor of `run_plan`'s placement in its bundle, join the collective groups, and
-    build the trainer (whose loop reads `cfg`)."""
+    """Create every actor of `run_plan`'s placement in its bundle (engines, env managers, trainer
+    ranks), join the collective groups, and build the trainer (whose loop reads `cfg`)."""
     from agentrl.runtime.ray.engine_actor import EngineActor
-    from agentrl.runtime.ray.env_manager import EnvManagerActor
-    from agentrl.runtime.ray.train_actors import ModelRoleActor, TrainerActor, TrainWorkerActor
 
     rt, aplan, placement = run_plan.runtime, actor_plan(run_plan, run_dir), run_plan.placement
-    restarts, key = rt.max_restarts, uuid.uuid4().hex if rt.engine_transport == "http" else None  # os.urandom
+    assert placement is not None, "the plan of a runtime.kind=ray config has a placement"
+    key = uuid.uuid4().hex if rt.engine_transport == "http" else None  # os.urandom
     shared = share(RunSpec(aplan, actor_config(cfg, run_dir), tokenizer,
                            model_source(aplan.model.path, aplan.model.dtype, model), model_context(model),
                            user_registrations(), model_vocab(model)))
     infer = placement.of("actor_infer")
-    names = [f"engine-{w.index}" for w in infer]
-    seeds = [replica_seed(run_plan.seed, w.index) for w in infer]
-    served = run_plan.engine.kind != "local"  # inference servers (runtime/ray/served.py)
+    kind = run_plan.engine_kind
+    served = kind.served  # inference servers (runtime/ray/served.py)
     replica_cls: type = EngineActor
     if served:
         key = uuid.uuid4().hex  # the key of the vLLM servers the replicas start (os.urandom)
-        if infer:
-            replica_cls = vllm_replicas(aplan, model, tokenizer)
-    engines = [actors.create(replica_cls, names[i], w, pg, (shared, w.index, seeds[i], key), max_restarts=restarts,
-                             max_task_retries=0) for i, w in enumerate(infer)]
+    if infer and kind.ray_replica == "vllm":  # each replica starts a vLLM server (runtime/ray/vllm_replica.py)
+        replica_cls = vllm_replicas(aplan, model, tokenizer)
+    engines, names = start_engines(run_plan, infer, pg, actors, shared, replica_cls, key)
     if served:
         actors.servers = list(engines)
+    managers = start_env_managers(run_plan, placement.of("env_manager"), pg, actors, shared, engines, names, key)
+    ranks = start_trainer_ranks(placement, pg, actors, shared)
+    actors.keep.append(shared)  # the spec (and the model in it) lives as long as the run: restarts read it
+    started = wait_all({name: h.info.remote() for name, h in
+                        [*zip(names, engines), *[(f"env manager {i}", m) for i, m in enumerate(managers)],
+                         *ranks.named()]})
+    join_trainer_group(ranks, rt.collective_timeout)
+    elastic = None  # replicas of served engines are not scaled (the servers are the user's or vLLM's)
+    if served:  # rank 0 pushes through the engine the local runtime would build on these servers
+        transport = served_transport(run_plan)
+        parts = SourceParts([], [], managers, "object_store", "", served=ServedReplicas(engines, key))
+    else:
+        from agentrl.runtime.ray.elastic import ElasticSpec
+
+        engine_infos = [{**started[n], "gpu": w.gpu} for n, w in zip(names, infer)]
+        rank0_info = {**started["trainer rank 0"], "gpu": placement.of("actor_train")[0].gpu}
+        transport = choose_transport(rt.weight_sync, rank0_info, engine_infos)
+        parts = SourceParts(engines, names, managers, "object_store" if transport == "nccl" else transport,
+                            str(Path(aplan.run_dir) / ".weight_sync"))
+        elastic = ElasticSpec(shared, pg, infer, actors.prefix, run_plan.seed, key, rt.max_restarts, aplan.run_dir,
+                              rt.placement_timeout, bool(rt.actor_infer.device_mapping))
+    wait_all({"trainer rank 0": ranks.rank0.setup.remote(parts, ranks.workers, ranks.roles.get("reference"),
+                                                         ranks.roles.get("critic"), elastic)})
+    if transport == "nccl":
+        join_weight_group(ranks.rank0, engines, names, rt.collective_timeout)
+    return RayRun(ranks.rank0, ranks.workers, run_dir, cfg, transport)
+
+
+def start_engines(run_plan: RunPlan, infer: list[Worker], pg: Any, actors: Actors, shared: SharedSpec,
+                  replica_cls: type, key: str | None) -> tuple[list[Any], list[str]]:
+    """(actors, names) of the engine replicas (`infer`: actor_infer's workers), each in its bundle,
+    restarted by Ray."""
+    names = [f"engine-{w.index}" for w in infer]
+    seeds = [replica_seed(run_plan.seed, w.index) for w in infer]
+    engines = [actors.create(replica_cls, names[i], w, pg, (shared, w.index, seeds[i], key),
+                             max_restarts=run_plan.runtime.max_restarts, max_task_retries=0)
+               for i, w in enumerate(infer)]
+    return engines, names
+
+
+def start_env_managers(run_plan: RunPlan, workers: list[Worker], pg: Any, actors: Actors, shared: SharedSpec,
+                       engines: list[Any], names: list[str], key: str | None) -> list[Any]:
+    """The env managers (`workers`: env_manager's), each in its bundle and bound to its share of the
+    engine replicas."""
+    from agentrl.runtime.ray.env_manager import EnvManagerActor
+
+    rt = run_plan.runtime
     managers = []
-    for w in placement.of("env_manager"):
+    for w in workers:
         bound = bound_engines(w.index, rt.env_managers, len(engines)) if engines else []
         managers.append(actors.create(EnvManagerActor, f"env_manager-{w.index}", w, pg,
                                       (shared, [engines[e] for e in bound], [names[e] for e in bound], w.index, key),
-                                      max_restarts=restarts, max_task_retries=0))
+                                      max_restarts=rt.max_restarts, max_task_retries=0))
+    return managers
+
+
+@dataclass(frozen=True)
+class TrainerRanks:
+    """The learning side's actors: trainer rank 0, the other ranks, and the reference and critic."""
+
+    rank0: Any
+    workers: list[Any]  # ranks 1 .. world_size - 1
+    roles: dict[str, Any]  # "reference" / "critic": its actor, when the algorithm uses it
+
+    def named(self) -> list[tuple[str, Any]]:
+        """(name for messages, actor) of each."""
+        return [("trainer rank 0", self.rank0), *[(f"trainer rank {i + 1}", h) for i, h in enumerate(self.workers)],
+                *self.roles.items()]
+
+
+def start_trainer_ranks(placement: Plan, pg: Any, actors: Actors, shared: SharedSpec) -> TrainerRanks:
+    """Trainer rank 0, the other ranks, and the reference and critic actors, each in its bundle
+    (none restarted: training cannot go on without one)."""
+    from agentrl.runtime.ray.train_actors import ModelRoleActor, TrainerActor, TrainWorkerActor
+
     train = placement.of("actor_train")
     rank0 = actors.create(TrainerActor, "actor_train-0", train[0], pg, (shared,), max_restarts=0)
     workers = [actors.create(TrainWorkerActor, f"actor_train-{w.index}", w, pg, (shared, w.index),
                              max_restarts=0, max_concurrency=2) for w in train[1:]]
     roles = {w.role: actors.create(ModelRoleActor, w.role, w, pg, (shared, w.role), max_restarts=0)
              for w in placement.workers if w.role in ("reference", "critic")}
-    actors.keep.append(shared)  # the spec (and the model in it) lives as long as the run: restarts read it
-    started = wait_all({f"{rt_name}": h.info.remote() for rt_name, h in
-                        [*zip(names, engines), *[(f"env manager {i}", m) for i, m in enumerate(managers)],
-                         ("trainer rank 0", rank0), *[(f"trainer rank {i + 1}", h) for i, h in enumerate(workers)],
-                         *roles.items()]})
-    if workers:  # the trainer ranks' group: every rank joins at once
-        host, port = wait_all({"trainer rank 0": rank0.dist_address.remote()})["trainer rank 0"]
-        wait_all({f"trainer rank {i}": h.init_dist.remote(host, port) for i, h in enumerate([rank0, *workers])},
-                 timeout=rt.collective_timeout)
-    if served:  # rank 0 pushes through the engine the local runtime would build on these servers
-        transport = served_transport(run_plan)
-        parts = {"engines": [], "engine_names": [], "managers": managers, "transport": "object_store",
-                 "weights_dir": "", "served": {"replicas": engines, "api_key": key}}
-        elastic = None  # replicas of served engines are not scaled (the servers are the user's or vLLM's)
-    else:
-        engine_infos = [{**started[n], "gpu": w.gpu} for n, w in zip(names, infer)]
-        transport = choose_transport(rt.weight_sync, {**started["trainer rank 0"], "gpu": train[0].gpu}, engine_infos)
-        parts = {"engines": engines, "engine_names": names, "managers": managers,
-                 "transport": "object_store" if transport == "nccl" else transport,
-                 "weights_dir": str(Path(aplan.run_dir) / ".weight_sync")}
-        from agentrl.runtime.ray.elastic import ElasticSpec
+    return TrainerRanks(rank0, workers, roles)
 
-        elastic = ElasticSpec(shared, pg, infer, actors.prefix, run_plan.seed, key, restarts, aplan.run_dir,
-                              rt.placement_timeout, bool(rt.actor_infer.device_mapping))
-    wait_all({"trainer rank 0": rank0.setup.remote(parts, workers, roles.get("reference"), roles.get("critic"),
-                                                   elastic)})
-    if transport == "nccl":
-        host, port = wait_all({"trainer rank 0": rank0.weight_group_address.remote()})["trainer rank 0"]
-        size = len(engines) + 1
-        wait_all({"weight group": rank0.join_weight_group.remote(host, port, size, "nccl"),
-                  **{n: e.join_weight_group.remote(host, port, i + 1, size, "nccl")
-                     for i, (n, e) in enumerate(zip(names, engines))}}, timeout=rt.collective_timeout)
-    return RayRun(rank0, workers, run_dir, cfg, transport)
+
+def join_trainer_group(ranks: TrainerRanks, timeout: float) -> None:
+    """The trainer ranks' collective group, when there are several: every rank joins at once."""
+    if ranks.workers:
+        host, port = wait_all({"trainer rank 0": ranks.rank0.dist_address.remote()})["trainer rank 0"]
+        wait_all({f"trainer rank {i}": h.init_dist.remote(host, port)
+                  for i, h in enumerate([ranks.rank0, *ranks.workers])}, timeout=timeout)
+
+
+def join_weight_group(rank0: Any, engines: list[Any], names: list[str], timeout: float) -> None:
+    """The NCCL group trainer rank 0 broadcasts weights in to the engine replicas (rank 0 first)."""
+    host, port = wait_all({"trainer rank 0": rank0.weight_group_address.remote()})["trainer rank 0"]
+    size = len(engines) + 1
+    wait_all({"weight group": rank0.join_weight_group.remote(host, port, size, "nccl"),
+              **{n: e.join_weight_group.remote(host, port, i + 1, size, "nccl")
+                 for i, (n, e) in enumerate(zip(names, engines))}}, timeout=timeout)
 
 
 def vllm_replicas(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> type:
@@ -317,10 +385,7 @@ def vllm_replicas(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> type:
 
 def served_transport(run_plan: RunPlan) -> str:
     """How weights reach served engines, for the start-up line."""
-    e = run_plan.engine
-    if e.kind == "vllm":
-        return f"vLLM's weight transfer ({e.vllm.weight_transfer})"
-    return f"HTTP to engine.urls ({'engine.weights_dir' if e.weights_dir else 'request body'})"
+    return run_plan.engine_kind.weights_route(run_plan.engine)
 
 
 class RayRun:

@@ -263,7 +263,7 @@ class ElasticEngines:
             bound = bound_engines(m, len(src.managers), len(src.engines))
             refs[m] = src.managers[m].rebind.remote([src.engines[e] for e in bound],
                                                     [src.engine_names[e] for e in bound])
-        for m, ref in refs.items():
+        for ref in refs.values():
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:

@@ -20,6 +20,7 @@ replica's server holds requests until they have.
 from __future__ import annotations
 
 import asyncio
+import functools
 import warnings
 from typing import Any
 
@@ -40,6 +41,22 @@ def was_restarted() -> bool:
     with warnings.catch_warnings():  # deprecated in favour of nothing yet; still answers
         warnings.simplefilter("ignore")
         return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
+def ready_gate(event: asyncio.Event | None, restarted: bool) -> asyncio.Event:
+    """A replica's gate of serving, `event` once made (in the actor's event loop, on first use):
+    open, but for a replica Ray `restarted`, which serves only once trainer rank 0 has given it the
+    current weights (and opens it)."""
+    if event is None:
+        event = asyncio.Event()
+        if not restarted:
+            event.set()
+    return event
+
+
+def _note_finished(order: list[int], rid: int, _future: asyncio.Future[Any]) -> None:
+    """A request's done callback: `rid` joins its client's finishing order."""
+    order.append(rid)
 
 
 class EngineActor:
@@ -74,16 +91,16 @@ class EngineActor:
         loop = asyncio.get_running_loop()
         for rid, prompt_ids, sampling in new:
             future = loop.create_future()
-            future.add_done_callback(lambda f, rid=rid: order.append(rid))
+            future.add_done_callback(functools.partial(_note_finished, order, rid))
             mine[rid] = future
             try:
                 self.engine.submit(prompt_ids, sampling, future)
             except EngineError as e:  # a bad request fails alone
                 future.set_exception(e)
         for rid in cancelled:
-            future = mine.pop(rid, None)
-            if future is not None:
-                future.cancel()  # the engine drops it at its next step
+            dropped = mine.pop(rid, None)
+            if dropped is not None:
+                dropped.cancel()  # the engine drops it at its next step
         await asyncio.sleep(0)  # run the callbacks of requests that failed on submit
         while mine and not order:
             if self.engine.has_work():
@@ -91,13 +108,13 @@ class EngineActor:
             else:  # another client's call stepped: the done callbacks of ours are about to run
                 assert all(f.done() for f in mine.values()), "a request is neither queued nor finished"
             await asyncio.sleep(0)  # run done callbacks; let other clients' calls add requests
-        out = []
+        out: list[tuple[int, Any, str | None]] = []
         for rid in order:
-            future = mine.pop(rid, None)
-            if future is None or future.cancelled():
+            done = mine.pop(rid, None)
+            if done is None or done.cancelled():
                 continue
-            error = future.exception()
-            out.append((rid, None, f"{type(error).__name__}: {error}") if error else (rid, future.result(), None))
+            error = done.exception()
+            out.append((rid, None, f"{type(error).__name__}: {error}") if error else (rid, done.result(), None))
         order.clear()
         return out
 
@@ -113,10 +130,7 @@ class EngineActor:
         return self.clients[client][1], self._finished[client]
 
     def _ready_event(self) -> asyncio.Event:
-        if self._ready is None:
-            self._ready = asyncio.Event()
-            if not self.restarted:
-                self._ready.set()
+        self._ready = ready_gate(self._ready, self.restarted)
         return self._ready
 
     async def http_url(self) -> str:

@@ -158,10 +158,19 @@ async def call_when_up(call: Any, name: str, restart_timeout: float) -> Any:
     while True:
         try:
             return await call()
-        except ray.exceptions.ActorDiedError as e:
-            raise EngineError(f"{name} died and will not restart: {first_line(e)}") from None
         except ray.exceptions.RayActorError as e:
-            if time.monotonic() > deadline:
-                raise EngineError(f"{name} did not come back within runtime.restart_timeout="
-                                  f"{restart_timeout}s: {first_line(e)}") from None
+            check_restarting(e, name, restart_timeout, deadline)
             await asyncio.sleep(RESTART_POLL)
+
+
+def check_restarting(error: BaseException, name: str, restart_timeout: float, deadline: float) -> None:
+    """Returns while Ray may still be restarting the replica `name` that raised `error` (a Ray
+    actor error) before the `time.monotonic()` `deadline`; else the EngineError naming it (died for
+    good, or not back within `restart_timeout`). The one rule of every wait for a restarted replica."""
+    import ray
+
+    if isinstance(error, ray.exceptions.ActorDiedError):
+        raise EngineError(f"{name} died and will not restart: {first_line(error)}") from None
+    if time.monotonic() > deadline:
+        raise EngineError(f"{name} did not come back within runtime.restart_timeout="
+                          f"{restart_timeout}s: {first_line(error)}") from None

@@ -18,6 +18,7 @@ from typing import Any
 from agentrl.errors import EngineError
 from agentrl.llm.engine import Completion, SamplingParams
 from agentrl.llm.remote.engine import RemoteEngine
+from agentrl.llm.remote.wire import VllmWire
 from agentrl.runtime.ray.engine_client import call_when_up
 
 
@@ -59,8 +60,9 @@ class HttpEngineClient:
                 # and waiting for its restart is this client's job, not a blind backoff's.
                 self.remote = RemoteEngine(await self.urls(), self.protocol, api_key=self.api_key,
                                            timeout=self.request_timeout, max_retries=1, retry_delay=0.1, seed=self.seed)
-                if self.protocol == "vllm":  # the replicas label their weights with our versions (VllmEngine)
-                    self.remote.wire.server_versions = True
+                wire = self.remote.wire
+                if isinstance(wire, VllmWire):  # protocol vllm: the replicas label their weights with our versions
+                    wire.server_versions = True
             return list(self.remote.urls)
 
     async def _refresh(self, seen: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from agentrl.rollout.collector import CollectResult
 from agentrl.rollout.stream import play_groups
-from agentrl.runtime.build.envs import bind, import_user_modules, make_budget, make_collector
+from agentrl.runtime.assembly.envs import bind, import_user_modules, make_budget, make_collector
 from agentrl.runtime.ray.engine_client import RayEngineClient
 from agentrl.runtime.ray.engine_http import HttpEngineClient
 from agentrl.runtime.ray.served import served_client
@@ -37,7 +37,7 @@ class EnvManagerActor:
     def _client(self, engines: list[Any], engine_names: list[str]) -> Any:
         """The LLMClient over `engines`: Ray actor calls, or HTTP (runtime.engine_transport; served engines)."""
         rt, index = self.plan.runtime, self.index
-        if self.plan.engine.kind != "local":  # inference servers over HTTP (runtime/ray/served.py)
+        if self.plan.engine_kind.served:  # inference servers over HTTP (runtime/ray/served.py)
             return served_client(self.plan, engines, engine_names, self.api_key, index)
         if rt.engine_transport == "http":  # requests carry their seeds: the stream is a fallback
             return HttpEngineClient(engines, engine_names, self.api_key or "", rt.restart_timeout,

@@ -1,4 +1,4 @@
-"""A Ray run's placement (runtime/build/placement.py: workers and bundles, from the plan) checked
+"""A Ray run's placement (runtime/assembly/placement.py: workers and bundles, from the plan) checked
 against the cluster before any actor exists, and the one placement group that reserves it all,
 with a timeout. The group uses Ray's PACK strategy: as few nodes as the bundles fit on. Also
 which engine replicas each env manager uses, and each replica's seed (the driver's and, when
@@ -12,7 +12,7 @@ from typing import Any
 from agentrl.config.runtime import RuntimeConfig
 from agentrl.errors import ConfigError
 from agentrl.rollout.tasks import mix
-from agentrl.runtime.build.placement import HEAD, Plan, Worker, plan_placement
+from agentrl.runtime.assembly.placement import HEAD, Plan, Worker, plan_placement
 
 __all__ = ["HEAD", "Plan", "Worker", "bound_engines", "check_resources", "choose_transport", "options",
            "plan_placement", "replica_seed", "reserve"]

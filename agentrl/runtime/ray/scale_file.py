@@ -4,8 +4,9 @@ the run folder that trainer rank 0 reads at each step boundary (runtime/ray/elas
     RUN_DIR/scale.json   {"engines": 3, "id": "<random hex>"}
 
 Written whole or not at all (agentrl/atomic.py), by `agentrl scale RUN_DIR engines=N` or
-`RayRun.scale(n)`; N is plain ASCII digits, 1 to MAX_ENGINES. It is the wanted state, not a one-off order: it stays in the folder, so a run
-resumed later is scaled to it at its first step. Imports nothing heavy: the CLI writes it.
+`RayRun.scale(n)`; N is plain ASCII digits, 1 to MAX_ENGINES. It is the wanted state, not a one-off
+order: it stays in the folder, so a run resumed later is scaled to it at its first step. Imports nothing heavy: the CLI
+writes it.
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ def check_ray_run(run_dir: Path, engines: int | None = None) -> None:
     if kind != "ray":
         raise ConfigError(f"{run_dir} is a runtime.kind={kind} run: only a Ray run (runtime.kind=ray) has engine "
                           "replicas to scale")
-    if cfg.engine.kind != "local":
+    from agentrl.runtime.assembly.engine_kinds import engine_kind
+    from agentrl.runtime.assembly.envs import import_user_modules
+
+    import_user_modules(cfg.imports)  # a user's module may register the kind
+    if engine_kind(cfg.engine.kind).served:
         raise ConfigError(f"{run_dir} generates on engine.kind={cfg.engine.kind}: only the Ray run's own engine "
                           "replicas (engine.kind=local) are scaled; start or stop the servers yourself")
     if cfg.rollout.max_staleness:

@@ -9,7 +9,7 @@ as the local runtime does it, with the parts placed as Ray actors.
   `RemoteEngine` in the config's protocol, seeded as the local run's engine is, or, on the run's
   vLLM replicas, an `HttpEngineClient` that learns a restarted server's new URL from its replica.
 - **Weights.** Trainer rank 0 holds the engine the local runtime would build (`ServedEngine`, over
-  runtime/build/engines.py `make_engine` or the vLLM engine of vllm_engine.py): version 0 first,
+  runtime/assembly/engines.py `make_engine` or the vLLM engine of vllm_engine.py): version 0 first,
   then every update pushed by it, checked as locally (vLLM's probe); before each collection the
   env managers learn the version, which a client stamps on ids when its servers do not.
 - **Restarts.** A vLLM replica whose server died is started again by rank 0's `VllmEngine`
@@ -21,11 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl.llm.remote.engine import RemoteEngine
+from agentrl.llm.remote.wire import VllmWire
 from agentrl.rollout.source import forget_evaluation
-from agentrl.runtime.build.plan_types import RunPlan
+from agentrl.runtime.assembly.plan_types import RunPlan
 from agentrl.runtime.ray.engine_http import HttpEngineClient
 from agentrl.tokenizer import Tokenizer
-
 
 CLIENT_KEYS = ("perf/remote_requests", "perf/remote_retries", "perf/remote_request_seconds")
 
@@ -37,10 +37,13 @@ def served_client(run_plan: RunPlan, handles: list[Any], names: list[str], api_k
     if handles:
         return HttpEngineClient(handles, names, api_key or "", rt.restart_timeout, e.request_timeout, seed=seed,
                                 protocol="vllm")
-    remote = RemoteEngine(e.urls, e.protocol if e.kind == "remote" else "vllm", api_key=run_plan.engine_key,
+    kind = run_plan.engine_kind
+    remote = RemoteEngine(e.urls, kind.wire_protocol(e), api_key=run_plan.engine_key,
                           timeout=e.request_timeout, max_retries=e.max_retries, seed=seed)
-    if e.kind == "vllm":  # attached vLLM servers label their weights with our versions (VllmEngine)
-        remote.wire.server_versions = True
+    # Attached vLLM servers label their weights with our versions (VllmEngine); only vLLM's wire reads them.
+    wire = remote.wire
+    if kind.server_versions and isinstance(wire, VllmWire):
+        wire.server_versions = True
     return remote
 
 
@@ -49,18 +52,21 @@ def build_served(run_plan: RunPlan, model: Any, tokenizer: Tokenizer, replicas: 
     """Rank 0's engine on the servers, serving `model`'s weights as version 0 (`replicas`: the run's
     vLLM replica actors, whose servers' key is `api_key`)."""
     if not replicas:  # engine.urls: the local runtime's own engine
-        from agentrl.runtime.build.engines import make_engine
+        from agentrl.runtime.assembly.engines import make_engine
 
         return ServedEngine(make_engine(run_plan, model, tokenizer, next(model.parameters()).device), [])
     from agentrl.llm.vllm.engine import VllmEngine
     from agentrl.models.lora import is_peft
-    from agentrl.runtime.build.vllm_engine import engine_options, with_initial_weights
+    from agentrl.runtime.assembly.vllm_engine import engine_options, with_initial_weights
     from agentrl.runtime.ray.vllm_replica import ReplicaServer, replica_weights_dir
 
     if is_peft(model):  # LoRA (trainer ranks wrap the policy): the probe runs the module with the adapters in it
         model = model.get_base_model()
     servers = [ReplicaServer.of(h, f"engine-{i}", run_plan.runtime.restart_timeout) for i, h in enumerate(replicas)]
-    engine = VllmEngine([s.url for s in servers], replica_weights_dir(run_plan), api_key=api_key, servers=servers,
+    # A ReplicaServer is a VllmServer by duck typing (url, alive, replacement, start, stop): VllmEngine's
+    # `servers` is annotated with the concrete class
+    engine = VllmEngine([s.url for s in servers], replica_weights_dir(run_plan), api_key=api_key,
+                        servers=servers,  # type: ignore[arg-type]
                         **engine_options(run_plan, model, tokenizer))
     return ServedEngine(with_initial_weights(engine, model), replicas)
 

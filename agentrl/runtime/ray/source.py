@@ -29,8 +29,8 @@ from agentrl.errors import RolloutError
 from agentrl.rollout.collector import CollectResult
 from agentrl.rollout.filters import Groups, groups_of
 from agentrl.rollout.source import GroupFilter, StepRollout, fill_step
-from agentrl.runtime.build.plan_types import RunPlan
-from agentrl.runtime.build.rollout import task_source
+from agentrl.runtime.assembly.plan_types import RunPlan
+from agentrl.runtime.assembly.rollout import task_source
 from agentrl.runtime.ray.engine_client import first_line
 from agentrl.runtime.ray.served import ServedEngine
 from agentrl.runtime.ray.weight_sync import WeightPayload, make_transport, split_meta
@@ -219,6 +219,7 @@ class RaySource:
             self._heal_engines()
         total = CollectResult([])
         for job in jobs:
+            assert job.result is not None  # the loop ends once every job is played or given up: each has one
             total.absorb(job.result)
             total.trajectories += job.result.trajectories
         return total

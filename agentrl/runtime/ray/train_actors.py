@@ -11,23 +11,34 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentrl.config.runtime import RuntimeConfig
 from agentrl.models.lora import apply_lora
-from agentrl.runtime.build.envs import bind, import_user_modules
-from agentrl.runtime.build.learners import build_critic, build_reference
-from agentrl.runtime.build.plan_types import RunPlan
-from agentrl.runtime.build.rollout import eval_baselines
+from agentrl.runtime.assembly.envs import bind, import_user_modules
+from agentrl.runtime.assembly.learners import build_critic, build_reference
+from agentrl.runtime.assembly.plan_types import RunPlan
+from agentrl.runtime.assembly.rollout import eval_baselines
 from agentrl.runtime.process import seed_everything
-from agentrl.runtime.ray.workers import SharedSpec, free_address, load_model, node_id, role_device, setup_worker
+from agentrl.runtime.ray.workers import (
+    SharedSpec,
+    SourceParts,
+    free_address,
+    load_model,
+    node_id,
+    role_device,
+    setup_worker,
+)
 from agentrl.train.actor import Actor
 from agentrl.train.batch import Batch
 from agentrl.train.parallel import DataParallel, init_group, merge_stats
 from agentrl.train.precision import MasterWeights
 from agentrl.train.trainer import Trainer
+
+if TYPE_CHECKING:
+    from agentrl.runtime.ray.elastic import ElasticSpec
 
 
 def with_lora(run_plan: RunPlan, model: torch.nn.Module) -> torch.nn.Module:
@@ -235,23 +246,31 @@ class TrainerActor(TrainRank):
         super().__init__(shared, 0)
         self.tokenizer = self.spec.tokenizer
         self.run_dir = Path(self.plan.run_dir)
-        self.trainer: Trainer | None = None
+        self._trainer: Trainer | None = None  # built by setup
         self.source: Any = None  # the trainer's rollout source: ray_source, or a stream over it
         self.ray_source: Any = None
 
-    def setup(self, source_parts: dict[str, Any], workers: list[Any], reference: Any, critic: Any,
-              elastic: Any = None) -> int:
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer `setup` built."""
+        if self._trainer is None:
+            raise RuntimeError("TrainerActor: setup() must run before the trainer is used")
+        return self._trainer
+
+    def setup(self, parts: SourceParts, workers: list[Any], reference: Any, critic: Any,
+              elastic: ElasticSpec | None = None) -> int:
         """Build the trainer over the placed parts; returns the policy version the engines serve
-        (`elastic`: an ElasticSpec, to add and remove replicas as the run folder asks)."""
+        (`elastic`: to add and remove replicas as the run folder asks)."""
         from agentrl.runtime.ray.served import build_served
         from agentrl.runtime.ray.source import RaySource
 
-        served = source_parts.pop("served", None)  # engine.kind=remote / vllm: rank 0 drives the servers
-        if served is not None:
-            served = build_served(self.plan, self.model, self.tokenizer, served["replicas"], served["api_key"])
+        served = None  # engine.kind=remote / vllm: rank 0 drives the servers
+        if parts.served is not None:
+            served = build_served(self.plan, self.model, self.tokenizer, parts.served.replicas, parts.served.api_key)
         # What the engines serve: the adapter state with LoRA, else the full state dict.
-        self.ray_source = RaySource(self.plan, weights=lambda: self.actor.engine_weights(), served=served,
-                                    **source_parts)
+        self.ray_source = RaySource(self.plan, weights=lambda: self.actor.engine_weights(), engines=parts.engines,
+                                    engine_names=parts.engine_names, managers=parts.managers,
+                                    transport=parts.transport, weights_dir=parts.weights_dir, served=served)
         self.source = self.ray_source
         if elastic is not None:
             from agentrl.runtime.ray.elastic import ElasticEngines
@@ -264,12 +283,12 @@ class TrainerActor(TrainRank):
             self.source = ray_stream_source(self.ray_source, self.plan.max_staleness, self.plan.rollout.episode_timeout,
                                             accept_stale=self.plan.rollout.stale_samples == "correct")
         actor = ShardedActor(self.actor, workers) if workers else self.actor
-        self.trainer = Trainer(self.spec.cfg, actor, self.source, self.tokenizer, self.run_dir,
-                               eval_baselines=eval_baselines(bind(self.plan).factories),
-                               reference=RemoteReference(reference) if reference is not None else None,
-                               critic=RemoteCritic(critic) if critic is not None else None)
-        self.trainer.log = lambda message: print(message, file=sys.stderr, flush=True)
-        return self.trainer.version
+        self._trainer = Trainer(self.spec.cfg, actor, self.source, self.tokenizer, self.run_dir,
+                                eval_baselines=eval_baselines(bind(self.plan).factories),
+                                reference=RemoteReference(reference) if reference is not None else None,
+                                critic=RemoteCritic(critic) if critic is not None else None)
+        self._trainer.log = lambda message: print(message, file=sys.stderr, flush=True)
+        return self._trainer.version
 
     def weight_group_address(self) -> tuple[str, int]:
         """Where rank 0 hosts the weight broadcast group's store."""
@@ -277,9 +296,10 @@ class TrainerActor(TrainRank):
 
     def join_weight_group(self, host: str, port: int, world_size: int, backend: str) -> str:
         """Join the broadcast group with the engines, as its rank 0."""
-        from agentrl.runtime.ray.weight_sync import make_transport
+        from agentrl.runtime.ray.weight_sync import BroadcastTransport, make_transport
 
         transport = make_transport(backend)
+        assert isinstance(transport, BroadcastTransport)  # the driver joins a group only for nccl
         transport.join(host, port, 0, world_size, self.plan.runtime.collective_timeout, self.actor.device)
         self.ray_source.use_transport(transport)
         return backend

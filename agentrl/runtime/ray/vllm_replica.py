@@ -25,10 +25,10 @@ from typing import Any
 
 from agentrl.errors import EngineError
 from agentrl.llm.vllm.launch import CPU_BUILD_ARGS, VllmServer, cpu_build, vllm_python
-from agentrl.runtime.build.plan_types import RunPlan
-from agentrl.runtime.build.vllm_engine import SERVING_DIR, TRANSFERS
-from agentrl.runtime.ray.engine_actor import node_ip, was_restarted
-from agentrl.runtime.ray.engine_client import RESTART_POLL, first_line
+from agentrl.runtime.assembly.plan_types import RunPlan
+from agentrl.runtime.assembly.vllm_engine import SERVING_DIR, TRANSFERS
+from agentrl.runtime.ray.engine_actor import node_ip, ready_gate, was_restarted
+from agentrl.runtime.ray.engine_client import RESTART_POLL, check_restarting, first_line
 from agentrl.runtime.ray.workers import SharedSpec, node_id, setup_worker
 
 
@@ -52,7 +52,7 @@ class VllmReplicaActor:
 
         run_plan = shared.get().plan
         setup_worker(run_plan.runtime.num_threads)
-        e, m, v = run_plan.engine, run_plan.model, run_plan.engine.vllm
+        m, v = run_plan.model, run_plan.engine.vllm
         python = vllm_python(v.python)[0]
         one_node = sum(bool(n.get("Alive")) for n in ray.nodes()) == 1
         self.index, self.restart_timeout = index, run_plan.runtime.restart_timeout
@@ -68,10 +68,7 @@ class VllmReplicaActor:
         self._current: asyncio.Event | None = None  # made in the actor's event loop
 
     def _gate(self) -> asyncio.Event:
-        if self._current is None:
-            self._current = asyncio.Event()
-            if not self.restarted:
-                self._current.set()
+        self._current = ready_gate(self._current, self.restarted)
         return self._current
 
     async def info(self) -> dict[str, Any]:
@@ -149,12 +146,8 @@ class ReplicaServer:
             try:
                 self.url, self.log_path = ray.get(self.handle.restart.remote())
                 return
-            except ray.exceptions.ActorDiedError as e:
-                raise EngineError(f"{self.name} died and will not restart: {first_line(e)}") from None
             except ray.exceptions.RayActorError as e:
-                if time.monotonic() > deadline:
-                    raise EngineError(f"{self.name} did not come back within runtime.restart_timeout="
-                                      f"{self.restart_timeout}s: {first_line(e)}") from None
+                check_restarting(e, self.name, self.restart_timeout, deadline)
                 time.sleep(RESTART_POLL)
             except ray.exceptions.RayTaskError as e:  # the server failed to start: the replica's message
                 cause = getattr(e, "cause", None)

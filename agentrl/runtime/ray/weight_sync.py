@@ -114,10 +114,12 @@ class SharedMemoryTransport:
 
         layout, total = layout_of(weights), nbytes_of(weights)
         shm = shared_memory.SharedMemory(create=True, size=max(1, total), name=f"agentrl_w_{uuid.uuid4().hex[:16]}")
+        buf = shm.buf
+        assert buf is not None  # None only once the segment is closed; this one was just created
         offset = 0
         for name, _, _ in layout:
             flat = weights[name].detach().cpu().contiguous().view(-1).view(torch.uint8)
-            np.frombuffer(shm.buf, np.uint8, flat.numel(), offset)[:] = flat.numpy()
+            np.frombuffer(buf, np.uint8, flat.numel(), offset)[:] = flat.numpy()
             offset += flat.numel()
         self._segments[shm.name] = shm
         return WeightPayload(version, self.name, layout, total, location=shm.name)
@@ -131,7 +133,8 @@ class SharedMemoryTransport:
         # Python < 3.13 registers an attached segment as if this process owned it, and would
         # unlink it at exit: only the sender owns it.
         with contextlib.suppress(Exception):
-            resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
+            # the private name (with its leading slash) is what the tracker registered; typeshed omits it
+            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]  # noqa: SLF001
         weights, offset = {}, 0
         for name, dtype, shape in payload.layout:
             dt = _dtype(dtype)

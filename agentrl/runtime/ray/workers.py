@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from agentrl.config import Config
 from agentrl.config.runtime import RoleConfig
-from agentrl.runtime.build.plan_types import RunPlan
 from agentrl.models.loading import DTYPES
 from agentrl.registry import AGENTS, ENVS, ESTIMATORS, FILE_MODULES, POLICY_LOSSES, load_builtins
+from agentrl.runtime.assembly.plan_types import RunPlan
 from agentrl.runtime.process import pin_threads
 from agentrl.tokenizer import Tokenizer
 
@@ -39,14 +39,15 @@ class ModelSource:
             return model
         import ray
 
-        return ray.get(self.refs[0])
+        assert self.refs is not None  # a spec without a path carries the model's ref
+        return cast(torch.nn.Module, ray.get(self.refs[0]))
 
 
 @dataclass
 class RunSpec:
     """What every actor of a run is built from."""
 
-    plan: RunPlan  # the driver's plan (without env factories: an actor binds its own, runtime/build/envs.py)
+    plan: RunPlan  # the driver's plan (without env factories: an actor binds its own, runtime/assembly/envs.py)
     cfg: Config  # read by trainer rank 0's `Trainer` only; every part is built from the plan
     tokenizer: Tokenizer
     model: ModelSource
@@ -67,6 +68,27 @@ class SharedSpec:
         import ray
 
         return ray.get(self.refs[0])
+
+
+@dataclass(frozen=True)
+class ServedReplicas:
+    """Engine replicas that run inference servers (engine.kind=remote / vllm): trainer rank 0
+    drives their servers (runtime/ray/served.py)."""
+
+    replicas: list[Any]  # the replica actors, by index
+    api_key: str | None  # the key of their servers (the driver makes one whenever they are served)
+
+
+@dataclass(frozen=True)
+class SourceParts:
+    """What the driver placed for trainer rank 0's rollout source (runtime/ray/source.py)."""
+
+    engines: list[Any]  # engine replica actors rank 0 feeds weights (none when `served`)
+    engine_names: list[str]  # their names, for messages
+    managers: list[Any]  # the env manager actors
+    transport: str  # how weights reach the engines first (object_store until an NCCL group is joined)
+    weights_dir: str  # the folder of transport=file
+    served: ServedReplicas | None = None  # engine.kind=remote / vllm: the servers rank 0 drives instead
 
 
 def share(spec: RunSpec) -> SharedSpec:

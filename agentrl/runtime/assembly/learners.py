@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from agentrl.models.lora import apply_lora
-from agentrl.runtime.build.plan_types import RunPlan
+from agentrl.runtime.assembly.plan_types import RunPlan
 from agentrl.runtime.process import seed_everything
 from agentrl.train.actor import Actor, Reference
 from agentrl.train.critic import Critic, ValueModel

@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.runtime.build.plan_types import RunPlan
+from agentrl.runtime.assembly.plan_types import RunPlan
 
 MAX_CORPUS_ROWS = 2000  # dataset rows read into the tiny tokenizer's corpus per tag
 
@@ -43,10 +43,15 @@ class _Demonstrating:
         return getattr(self._env, name)
 
 
+def _demonstrating(make_env: Callable[[], Any], answers: list[str]) -> Callable[[], Any]:
+    """An env factory whose envs demonstrate with a random one of `answers`."""
+    return lambda: _Demonstrating(make_env(), answers)
+
+
 def demo_factories(run_plan: RunPlan, log: Callable[[str], None]) -> dict[str, Callable[[], Any]]:
     """The tags that can be demonstrated in the warm start, with env factories whose envs all
     have `sample_action`; the others are named in the log."""
-    out = {}
+    out: dict[str, Callable[[], Any]] = {}
     for tag, make_env in run_plan.factories.items():
         env = make_env()
         has_sample = callable(getattr(env, "sample_action", None))
@@ -59,7 +64,7 @@ def demo_factories(run_plan: RunPlan, log: Callable[[str], None]) -> dict[str, C
         answers = sorted({r.answer for r in run_plan.tag(tag).rows or () if r.answer})
         if answers:
             log(f"warm start: tag {tag}: the env has no sample_action; replies are random answers of its dataset")
-            out[tag] = (lambda f=make_env, a=answers: _Demonstrating(f(), a))
+            out[tag] = _demonstrating(make_env, answers)
         else:
             log(f"warm start: tag {tag} is not demonstrated (its env has no sample_action and no dataset answers)")
     return out

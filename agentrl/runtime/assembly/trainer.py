@@ -1,4 +1,4 @@
-"""The trainer of a run, built from its plan (runtime/plan.py) in three pieces, always in this order (the steps
+"""The trainer of a run, built from its plan (runtime/assembly/plan.py) in three pieces, always in this order (the steps
 that draw random numbers give the same parts for the same config and seed): the policy (model
 and tokenizer, after every model-free check: policy.py), the rollout side (engine, agents,
 collector, task source, rollout source: rollout.py) and the learning side (actor, reference,
@@ -13,10 +13,10 @@ from pathlib import Path
 
 from agentrl.config import Config
 from agentrl.rollout.source import RolloutSource
-from agentrl.runtime.build.learners import build_learners
-from agentrl.runtime.build.policy import build_policy
-from agentrl.runtime.build.rollout import build_rollout, eval_baselines
-from agentrl.runtime.plan import RunPlan, plan
+from agentrl.runtime.assembly.learners import build_learners
+from agentrl.runtime.assembly.plan import RunPlan, plan
+from agentrl.runtime.assembly.policy import build_policy
+from agentrl.runtime.assembly.rollout import build_rollout, eval_baselines
 from agentrl.runtime.process import resolve_device, seed_everything
 from agentrl.tokenizer import Tokenizer
 from agentrl.train.actor import Actor, Reference

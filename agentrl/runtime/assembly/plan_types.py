@@ -1,6 +1,7 @@
-"""The run plan's records: `RunPlan` (a run, as every build step reads it) and `TagPlan` (one env
-definition: its env, the agent that plays it, the rows it is fed). Made by `plan(cfg)`
-(runtime/plan.py); written as plan.json and described for people here."""
+"""The run plan's records: `RunPlan` (a run, as every build step reads it), `TagPlan` (one env
+definition: its env, the agent that plays it, the rows it is fed) and `EngineKind` (what the run
+does for its engine.kind). Made by `plan(cfg)` (runtime/assembly/plan.py); written as plan.json
+and described for people here."""
 
 from __future__ import annotations
 
@@ -8,15 +9,84 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.agents.seed_data import SeedRow
-from agentrl.config import (ActorConfig, CriticConfig, EngineConfig, ModelConfig, RolloutConfig, RuntimeConfig,
-                            TrainerConfig)
-from agentrl.llm.vllm.launch import vllm_python
-from agentrl.runtime.build.placement import HEAD, Plan
+from agentrl.config import (
+    ActorConfig,
+    Config,
+    CriticConfig,
+    EngineConfig,
+    ModelConfig,
+    RolloutConfig,
+    RuntimeConfig,
+    TrainerConfig,
+)
+from agentrl.registry import ENGINE_KINDS
+from agentrl.runtime.assembly.placement import HEAD, Plan
+
+if TYPE_CHECKING:  # the engine's types, for the hints of EngineKind.make only
+    import torch
+
+    from agentrl.llm.engine import InferenceEngine
+    from agentrl.tokenizer import Tokenizer
 
 PLAN_NAME = "plan.json"  # beside config.yaml in the run folder
+
+
+class EngineKind:
+    """What a run does for one engine.kind: its model-free checks, how its engine is made from the
+    plan, how the plan describes it, and how a Ray run places it. One subclass per kind, one file
+    each (runtime/assembly/engine_kinds/), registered by name in `agentrl.registry.ENGINE_KINDS`
+    (a user's module in `imports` registers more); the plan resolves engine.kind once."""
+
+    served: bool = False
+    """Generation runs on inference servers over HTTP, not on an engine the run builds from the
+    policy: a Ray run's env managers reach them as clients (runtime/ray/served.py) and trainer
+    rank 0 pushes the weights; elastic scaling and runtime.weight_sync do not apply."""
+    ray_replica: str = "engine"
+    """What a Ray run starts as each runtime.actor_infer replica: `engine` (an in-process engine
+    built from the plan, runtime/ray/engine_actor.py) or `vllm` (a vLLM server,
+    runtime/ray/vllm_replica.py)."""
+    replicas_start: str = ""
+    """What each Ray engine replica starts besides itself, for the placement line ("" for nothing)."""
+    server_versions: bool = False
+    """The servers label generated ids with the policy versions the run pushed (a Ray env
+    manager's client then reads them instead of stamping its own)."""
+
+    def attached(self, e: EngineConfig) -> bool:
+        """Whether generation runs on the given servers of engine.urls, so that a Ray run places
+        no engine replica of its own."""
+        return False
+
+    def check(self, cfg: Config) -> None:
+        """The kind's checks that need more than the config (its servers answer, its interpreter
+        exists), run in the preflight before any model is built; one line each."""
+
+    def make(self, run_plan: RunPlan, model: Any, tokenizer: Tokenizer, device: torch.device) -> InferenceEngine:
+        """The run's engine, serving `model`'s weights as policy version 0."""
+        raise NotImplementedError(f"{type(self).__name__} does not make an engine")
+
+    def wire_protocol(self, e: EngineConfig) -> str:
+        """The wire format of the servers (a served kind's clients speak it)."""
+        return e.protocol
+
+    def weights_route(self, e: EngineConfig) -> str:
+        """How new weights reach a served kind's servers, for a Ray run's start-up line."""
+        return f"HTTP to engine.urls ({'engine.weights_dir' if e.weights_dir else 'request body'})"
+
+    def to_dict(self, run_plan: RunPlan) -> dict[str, Any]:
+        """plan.json's engine section."""
+        e = run_plan.engine
+        return {"kind": e.kind, "urls": list(e.urls), "protocol": ""}
+
+    def describe(self, run_plan: RunPlan) -> list[tuple[str, str]]:
+        """The plan's engine lines for people, as (key, text) pairs."""
+        return [("engine", run_plan.engine.kind)]
+
+    def checks(self, run_plan: RunPlan) -> list[str]:
+        """The names of the kind's own preflight checks, for the plan's list of checks passed."""
+        return []
 
 
 @dataclass(frozen=True)
@@ -109,7 +179,7 @@ class RunPlan:
         return replace(self, factories={})
 
     def with_factories(self, factories: dict[str, Callable[[], Any]]) -> RunPlan:
-        """This plan with the env factories of another process (runtime/build/envs.py: `bind`)."""
+        """This plan with the env factories of another process (runtime/assembly/envs.py: `bind`)."""
         return replace(self, factories=factories)
 
     @property
@@ -123,27 +193,22 @@ class RunPlan:
         return len(self.train_groups)
 
     @property
+    def engine_kind(self) -> EngineKind:
+        """engine.kind's object (runtime/assembly/engine_kinds/): every question about the kind
+        goes to it. Looked up by the name `plan(cfg)` checked, so that a plan sent to a Ray actor
+        finds a user's kind once the actor has imported the user's modules."""
+        kind: EngineKind = ENGINE_KINDS.get(self.engine.kind)()
+        return kind
+
+    @property
     def vllm_pause_mode(self) -> str:
         """How vLLM servers pause for a weight push (engine.kind=vllm): on-policy nothing is in
         flight (`wait`); streamed, replies in flight continue under the new weights (`keep`)."""
         return "keep" if self.max_staleness else "wait"
 
-    def _vllm(self) -> dict[str, Any]:
-        """engine.kind=vllm as this run would start or attach to the servers."""
-        e, v = self.engine, self.engine.vllm
-        python, source = vllm_python(v.python)
-        count = self.runtime.actor_infer.world_size if self.runtime.kind == "ray" else v.replicas
-        started = f"{count} started by the run"
-        return {"servers": "attached: engine.urls" if e.urls else started,
-                "python": None if e.urls else python, "python_source": None if e.urls else source,
-                "args": list(v.args), "startup_timeout": v.startup_timeout, "probe_tolerance": v.probe_tolerance,
-                "weight_transfer": v.weight_transfer,
-                "pause_mode": self.vllm_pause_mode,
-                "weights_dir": e.weights_dir or (None if e.urls else f"{self.run_dir}/vllm/vllm-weights")}
-
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain JSON data (env factories and other callables left out)."""
-        m, r, e = self.model, self.rollout, self.engine
+        m, r = self.model, self.rollout
         out = {
             "run_dir": self.run_dir, "seed": self.seed, "device": self.device,
             "model": {"path": m.path, "dtype": m.dtype, "lora_rank": m.lora.rank,
@@ -165,10 +230,10 @@ class RunPlan:
             "schedule": {"total_steps": self.trainer.total_steps, "test_freq": self.trainer.test_freq,
                          "save_freq": self.trainer.save_freq},
             "imports": list(self.imports),
-            "engine": {"kind": e.kind, "urls": list(e.urls), "protocol": e.protocol if e.kind == "remote" else "",
-                       **({"vllm": self._vllm()} if e.kind == "vllm" else {})},
+            "engine": self.engine_kind.to_dict(self),
             "runtime": {"kind": self.runtime.kind, "num_threads": self.runtime.num_threads,
-                        "placement": _placement_dict(self.placement, self.placement_summary)},
+                        "placement": None if self.placement is None
+                        else _placement_dict(self.placement, self.placement_summary)},
         }
         return json.loads(json.dumps(out, default=str))  # args a YAML file cannot hold become their text
 
@@ -209,19 +274,11 @@ class RunPlan:
                          f"{'a' if self.reference else 'no'} reference, {'a' if self.critic.enable else 'no'} critic")
         add("schedule", f"{s.total_steps} steps, evaluate every {s.test_freq or '-'}, "
                         f"save every {s.save_freq or '-'} (and at the end)")
-        if e.kind == "vllm":
-            v = self._vllm()
-            started = (f"{self.runtime.actor_infer.world_size} server(s) started by the engine replicas (one each)"
-                       if self.runtime.kind == "ray" else f"{e.vllm.replicas} server(s) started by the run on loopback")
-            where = (f"attached to {len(e.urls)} server(s): {', '.join(e.urls)}" if e.urls else
-                     f"{started} with {v['python']} ({v['python_source']}), ready within {e.vllm.startup_timeout:g} s")
-            add("engine", f"vllm, {where}" + (f"; server args {' '.join(e.vllm.args)}" if e.vllm.args else ""))
-            add("", f"each sync: pause ({v['pause_mode']}), weights from {v['weights_dir']}, version label, resume; "
-                    f"then the probe within {e.vllm.probe_tolerance:g} nats of the trainer")
-        else:
-            add("engine", "local (a copy of the policy in the trainer's process)" if e.kind == "local" else
-                f"remote, {len(e.urls)} server(s) ({e.protocol}): {', '.join(e.urls)}")
-        add("runtime", f"{self.runtime.kind}, {self.runtime.num_threads} torch thread(s) a process, device {self.device}")
+        kind = self.engine_kind
+        for key, text in kind.describe(self):
+            add(key, text)
+        add("runtime", f"{self.runtime.kind}, {self.runtime.num_threads} torch thread(s) a process, "
+                       f"device {self.device}")
         if self.placement is not None:
             place = _placement_dict(self.placement, self.placement_summary)
             add("placement", self.placement_summary)
@@ -231,7 +288,7 @@ class RunPlan:
         checks = [*(["imports"] if self.imports else []), "estimator", "loss mode", "context limits",
                   *(["LoRA targets"] if m.lora.rank else []), f"{len(self.tags)} env(s) built",
                   f"{len(self.tags)} agent(s) built", *(["engine servers answer"] if e.urls else []),
-                  *(["vLLM's interpreter"] if e.kind == "vllm" and not e.urls else [])]
+                  *kind.checks(self)]
         add("checks", "passed: " + ", ".join(checks))
         return "\n".join(lines)
 
@@ -244,10 +301,8 @@ def _counts(groups: tuple[str, ...]) -> str:
     return ", ".join(f"{tag} x{n}" for tag, n in Counter(groups).items())
 
 
-def _placement_dict(placement: Plan | None, summary: str | None) -> dict[str, Any] | None:
+def _placement_dict(placement: Plan, summary: str | None) -> dict[str, Any]:
     """Workers, bundles and what they need in all (the head-node marker left out)."""
-    if placement is None:
-        return None
     bundles = [{k: v for k, v in b.items() if k != HEAD} for b in placement.bundles]
     return {"summary": summary, "cpus": sum(b.get("CPU", 0.0) for b in bundles),
             "gpus": len({w.gpu for w in placement.workers if w.gpu is not None}),

@@ -20,9 +20,9 @@ from collections.abc import Callable
 import torch
 
 from agentrl.config import WarmStartConfig
-from agentrl.trajectory import Trajectory
 from agentrl.train.actor import token_logprobs
 from agentrl.train.batch import pack
+from agentrl.trajectory import Trajectory
 
 
 def warm_start(model: torch.nn.Module, demos: Callable[[int], tuple[list[Trajectory], float]],

@@ -15,7 +15,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agentrl.agents.compat import SeedAgentAdapter, is_seed_agent
 from agentrl.agents.seed_data import load_rows
@@ -26,7 +26,7 @@ from agentrl.llm.conversation import TokenBudget, check_chat_template
 from agentrl.llm.engine import SamplingParams
 from agentrl.registry import AGENTS, ENVS, import_file, load_builtins
 from agentrl.rollout.collector import RolloutCollector, TagSpec
-from agentrl.runtime.build.plan_types import RunPlan, TagPlan
+from agentrl.runtime.assembly.plan_types import RunPlan, TagPlan
 from agentrl.tokenizer import Tokenizer
 
 
@@ -69,14 +69,14 @@ def bind(run_plan: RunPlan) -> RunPlan:
                                     for t in run_plan.tags})
 
 
-def _constructor(cls: type, args: dict[str, Any]) -> Callable[[], Any]:
-    def factory():
+def _constructor(cls: Callable[..., Any], args: dict[str, Any]) -> Callable[[], Any]:
+    def factory() -> Any:
         return cls(**args)
 
     return factory
 
 
-def _env_factory(env_type: str, env_args: dict, section: str) -> Callable[[], Any]:
+def _env_factory(env_type: str, env_args: dict[str, Any], section: str) -> Callable[[], Any]:
     try:
         cls = ENVS.get(env_type)
     except RegistryError as e:
@@ -113,8 +113,9 @@ def _first_line(e: BaseException) -> str:
 def make_sampling(rollout: RolloutConfig, tokenizer: Tokenizer) -> SamplingParams:
     """Training-time sampling parameters from the rollout section."""
     r = rollout
+    eos = tokenizer.eos_token_id  # None only for a tokenizer without one: then no stop id, not a None one
     return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_new_tokens=r.max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,))
+                          max_new_tokens=r.max_new_tokens, stop_token_ids=() if eos is None else (eos,))
 
 
 def make_budget(run_plan: RunPlan, model_context: int) -> TokenBudget:
@@ -145,6 +146,9 @@ def _tag_plan(cfg: Config, tag: str) -> TagPlan:
         raise ConfigError(f"{section}.type: {e}") from None
     params = inspect.signature(cls).parameters
     if not is_seed_agent(cls) and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        if "budget" not in params:
+            raise ConfigError(f"{section}.type: agent type '{agent_cfg.type}' ({cls.__qualname__}) cannot be built: "
+                              "its constructor must accept `budget` (a TokenBudget, or None)")
         unknown = [k for k in agent_cfg.args if k not in params]
         if unknown:
             raise ConfigError(f"{section}.args.{unknown[0]} is not an argument of agent type '{agent_cfg.type}'; "
@@ -162,16 +166,14 @@ def make_agent(tag: TagPlan, rollout: RolloutConfig, tokenizer: Tokenizer, budge
     """The agent that plays `tag` (sampling as the rollout section says)."""
     cls = AGENTS.get(tag.agent_type)
     sampling = make_sampling(rollout, tokenizer)
-    if tag.seed_style:
-        return SeedAgentAdapter.from_class(cls, tokenizer, sampling, tag.max_turns, tag.system_prompt,
+    if tag.rows is not None:  # tag.seed_style, spelled so that the rows are known to be there
+        # from_class is annotated `type`; a registered seed-style agent is a class in practice
+        return SeedAgentAdapter.from_class(cast(type, cls), tokenizer, sampling, tag.max_turns, tag.system_prompt,
                                            budget, tag.agent_args, tag.agent_section, tag.rows,
                                            f"{tag.env_section}.args.dataset_path")
-    params = inspect.signature(cls).parameters
-    kwargs = dict(tokenizer=tokenizer, sampling=sampling, max_turns=tag.max_turns, system_prompt=tag.system_prompt)
-    if budget is not None and ("budget" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())):
-        kwargs["budget"] = budget  # agents written before budgets existed still work
     try:
-        return cls(**kwargs, **tag.agent_args)
+        return cls(tokenizer=tokenizer, sampling=sampling, max_turns=tag.max_turns, system_prompt=tag.system_prompt,
+                   budget=budget, **tag.agent_args)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{tag.agent_section}: {e}") from None
 

@@ -6,7 +6,8 @@ modules, every env type and its arguments (building and closing one env of each 
 agent type and its arguments (building each agent with a stand-in tokenizer), the context
 limits (rollout.max_model_len against the model's context, read from model.tiny or from
 model.path's config.json, and rollout.max_new_tokens against both), where generation runs
-(every remote engine URL answers; an OpenAI-client agent's entry imports), and LoRA's target
+(engine.kind's own checks: every server URL answers, vLLM's interpreter; an OpenAI-client
+agent's entry imports), and LoRA's target
 modules (against a weightless skeleton of the model on the meta device).
 """
 
@@ -17,21 +18,25 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agentrl.config import Config
 from agentrl.errors import ConfigError, RegistryError, shown
 from agentrl.registry import CURRICULUM_RULES, ESTIMATORS, load_builtins
-from agentrl.runtime.build.engines import check_serving
-from agentrl.runtime.build.envs import import_user_modules, make_agent, make_env_factories, tag_plans
-from agentrl.runtime.build.plan_types import TagPlan
+from agentrl.runtime.assembly.engine_kinds import engine_kind
+from agentrl.runtime.assembly.engines import check_serving
+from agentrl.runtime.assembly.envs import import_user_modules, make_agent, make_env_factories, tag_plans
+from agentrl.runtime.assembly.plan_types import EngineKind, TagPlan
+from agentrl.tokenizer import Tokenizer
 from agentrl.tools.tool import check_only
 
 
-def preflight(cfg: Config) -> tuple[dict[str, Callable[[], Any]], tuple[TagPlan, ...]]:
-    """Run every model-free check of `cfg`; returns the env factories and the plan of every tag."""
+def preflight(cfg: Config) -> tuple[dict[str, Callable[[], Any]], tuple[TagPlan, ...], EngineKind]:
+    """Run every model-free check of `cfg`; returns the env factories, the plan of every tag and
+    the object of engine.kind."""
     load_builtins()
-    import_user_modules(cfg.imports)  # first: a user's file may register the estimator or loss named below
+    import_user_modules(cfg.imports)  # first: a user's file may register the estimator, loss or engine kind named below
+    kind = engine_kind(cfg.engine.kind)
     check_estimator(cfg)
     check_curriculum_rule(cfg)
     check_context(cfg)
@@ -39,8 +44,8 @@ def preflight(cfg: Config) -> tuple[dict[str, Callable[[], Any]], tuple[TagPlan,
     factories = make_env_factories(cfg)
     tags = tag_plans(cfg)  # agent types and argument names
     check_agent_args(cfg, tags)
-    check_serving(cfg)  # remote servers answer, OpenAI-client agents' entries import
-    return factories, tags
+    check_serving(cfg, kind)  # the engine kind's checks (servers answer), OpenAI-client agents' entries import
+    return factories, tags, kind
 
 
 def check_estimator(cfg: Config) -> None:
@@ -166,8 +171,10 @@ def _build_error(cfg: Config, tag: TagPlan, args: dict | None, stand_in: StandIn
     ConfigError); a constructor that needs more of the tokenizer than the stand-in has is
     checked when the real agent is built.
     """
+    # The stand-in has only what agent constructors read of a tokenizer; one that reads more fails
+    # here with an error that is no verdict (below).
     try:
-        make_agent(tag if args is None else replace(tag, agent_args=args), cfg.rollout, stand_in)
+        make_agent(tag if args is None else replace(tag, agent_args=args), cfg.rollout, cast(Tokenizer, stand_in))
     except ConfigError as e:
         return str(e)
     except Exception:  # noqa: BLE001 (the stand-in is not enough for this agent: no verdict)

@@ -13,10 +13,10 @@ from agentrl.envs.service import close_env
 from agentrl.rollout.curriculum import Curriculum
 from agentrl.rollout.source import RolloutSource, rollout_source
 from agentrl.rollout.tasks import TaskSource
-from agentrl.runtime.build.engines import make_engine
-from agentrl.runtime.build.envs import make_budget, make_collector
-from agentrl.runtime.build.policy import model_context, model_vocab
-from agentrl.runtime.build.plan_types import RunPlan
+from agentrl.runtime.assembly.engines import make_engine
+from agentrl.runtime.assembly.envs import make_budget, make_collector
+from agentrl.runtime.assembly.plan_types import RunPlan
+from agentrl.runtime.assembly.policy import model_context, model_vocab
 from agentrl.tokenizer import Tokenizer
 
 

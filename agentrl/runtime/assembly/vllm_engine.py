@@ -19,7 +19,7 @@ from agentrl.llm.vllm.engine import VllmEngine, probe_ids
 from agentrl.llm.vllm.launch import TRANSPORT, missing_vllm, vllm_python
 from agentrl.models.loading import save_pretrained
 from agentrl.models.lora import base_state
-from agentrl.runtime.build.plan_types import RunPlan
+from agentrl.runtime.assembly.plan_types import RunPlan
 from agentrl.tokenizer import Tokenizer
 from agentrl.train.forward import token_logprobs
 
@@ -44,6 +44,7 @@ def vllm_engine(run_plan: RunPlan, model: Any, tokenizer: Tokenizer) -> VllmEngi
     v = e.vllm
     common = engine_options(run_plan, model, tokenizer)
     if e.urls:
+        assert e.weights_dir is not None  # config/checks.py requires it with engine.urls
         served = VllmEngine(e.urls, Path(e.weights_dir).expanduser(), api_key=run_plan.engine_key, **common)
     else:
         workdir = Path(run_plan.run_dir) / SERVING_DIR
