@@ -22,7 +22,7 @@ $(CORE): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e .
 	touch $(CORE)
 
-# Everything the test suite exercises: the extras (Ray, LoRA, W&B, GEM, reasoning-gym) are tested, not only installed.
+# Everything the test suite exercises: the extras (Ray, LoRA, W&B, GEM, TextArena, MiniGrid, reasoning-gym) are tested, not only installed.
 $(DEV): $(CORE)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(DEV)

@@ -41,11 +41,24 @@ def _fields_help() -> str:
     return "\n".join(lines)
 
 
+# The epilog of the commands that take config overrides, a stand-in for every config field and its
+# doc: those are read from the config classes' source (seconds of parsing), so they are rendered
+# when a help is printed, not each time a command line is parsed.
+_FIELDS = "(every config field, set with key=value)"
+
+
+class _FieldsHelp(argparse.RawDescriptionHelpFormatter):
+    """The help formatter that renders the `_FIELDS` epilog as the config fields' list."""
+
+    def add_text(self, text: str | None) -> None:
+        """Add `text`, the config fields' list where it is the `_FIELDS` stand-in."""
+        super().add_text(_fields_help() if text is _FIELDS else text)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl", description="RL for multi-turn language-model agents.")
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train an agent", epilog=_fields_help(),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    t = sub.add_parser("train", help="train an agent", epilog=_FIELDS, formatter_class=_FieldsHelp)
     t.add_argument("args", nargs="*", help="an optional YAML config file, then key=value overrides")
     t.add_argument("--config-path", help="folder of YAML configs (Hydra style)")
     t.add_argument("--config-name", help="config file name in --config-path, without .yaml")
@@ -53,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true",
                    help="start over in a run folder that holds a run (deletes its checkpoints and metrics)")
     pl = sub.add_parser("plan", help="check a config and print its run plan (builds no model, trains nothing)",
-                        epilog=_fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                        epilog=_FIELDS, formatter_class=_FieldsHelp)
     pl.add_argument("args", nargs="*", help="an optional YAML config file, then key=value overrides")
     pl.add_argument("--config-path", help="folder of YAML configs (Hydra style)")
     pl.add_argument("--config-name", help="config file name in --config-path, without .yaml")
@@ -65,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("run_dir")
     e.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.eval_episodes=64")
     s = sub.add_parser("serve", help="serve the config's policy over HTTP (OpenAI routes, sessions)",
-                       epilog=_fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=_FIELDS, formatter_class=_FieldsHelp)
     s.add_argument("args", nargs="*", help="an optional YAML config file, then key=value overrides (serve.port=...)")
     v = sub.add_parser("view", help="write RUN_DIR/view.html: trajectories token by token, curves, alarms")
     v.add_argument("run_dir")
@@ -86,10 +99,13 @@ def _parser() -> argparse.ArgumentParser:
 def cmd_serve(ns: argparse.Namespace) -> int:
     """`agentrl serve`: the policy a run of this config starts from, until Ctrl-C."""
     from agentrl.config import load_config
-    from agentrl.runtime.serving import serve
 
     path, overrides = _split_config(ns.args, None, None)
-    serve(load_config(path, overrides), log=lambda m: print(m, file=sys.stderr))
+    cfg = load_config(path, overrides)
+    # Imported once the config is checked: the model stack's imports take seconds a refusal need not wait.
+    from agentrl.runtime.serving import serve
+
+    serve(cfg, log=lambda m: print(m, file=sys.stderr))
     return 0
 
 
@@ -163,10 +179,11 @@ def cmd_plan(ns: argparse.Namespace) -> int:
 def cmd_eval(ns: argparse.Namespace) -> int:
     """`agentrl eval RUN_DIR`: the newest checkpoint that loads (a corrupt newer one is skipped),
     held while it is evaluated, so a trainer still writing the run may prune it meanwhile."""
+    run_dir = _run_folder_arg(ns.run_dir)  # before the imports below (seconds): a wrong path is refused at once
     from agentrl.metrics import summary_table
     from agentrl.runtime.local import evaluate_checkpoint
 
-    ckpt, metrics = evaluate_checkpoint(_run_folder_arg(ns.run_dir), ns.overrides, log=_log)
+    ckpt, metrics = evaluate_checkpoint(run_dir, ns.overrides, log=_log)
     print(summary_table({"checkpoint": ckpt.name, **metrics}))
     return 0
 
@@ -200,10 +217,12 @@ def cmd_view(ns: argparse.Namespace) -> int:
 def cmd_export(ns: argparse.Namespace) -> int:
     """`agentrl export RUN_DIR`: the newest checkpoint that loads, as a standalone model folder."""
     from agentrl.config.paths import user_path
-    from agentrl.runtime.export import export_run
 
     out = user_path(ns.out, "--out") if ns.out is not None else None
-    ckpt, out = export_run(_run_dir_arg(ns.run_dir), out, log=lambda m: print(m, file=sys.stderr))
+    run_dir = _run_dir_arg(ns.run_dir)  # both paths before the import below (seconds): a wrong one is refused at once
+    from agentrl.runtime.export import export_run
+
+    ckpt, out = export_run(run_dir, out, log=lambda m: print(m, file=sys.stderr))
     print(f"exported {ckpt.name} of {ns.run_dir} to {out}")
     return 0
 

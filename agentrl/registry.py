@@ -85,8 +85,10 @@ register_engine_kind = ENGINE_KINDS.register  # an engine kind: an EngineKind su
 # The modules that register the built-ins, listed once: the runtime, the env checker and the
 # embedded model's cache key all load them through `load_builtins`.
 BUILTIN_MODULES = ("agentrl.envs.frozen_lake", "agentrl.envs.sokoban", "agentrl.envs.math", "agentrl.envs.gem",
+                   "agentrl.envs.minigrid",
                    "agentrl.envs.products", "agentrl.envs.multihop", "agentrl.envs.wait_walk",
-                   "agentrl.envs.reasoning_gym", "agentrl.agents.chat", "agentrl.agents.math_retry",
+                   "agentrl.envs.reasoning_gym", "agentrl.envs.textarena",
+                   "agentrl.agents.chat", "agentrl.agents.math_retry",
                    "agentrl.agents.openai", "agentrl.agents.tool", "agentrl.algos.advantages",
                    "agentrl.algos.policy_losses", "agentrl.runtime.assembly.engine_kinds")
 

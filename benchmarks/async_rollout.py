@@ -195,9 +195,10 @@ def main(argv: list[str] | None = None) -> dict:
             f"trainer.total_steps={steps}", "trainer.test_freq=0", "trainer.save_freq=0",
             "trainer.eval_episodes=1", "trainer.progress=false", "trainer.logger=[jsonl]",
             "model.warm_start.max_steps=1"]
-    if args.quick:
+    if args.quick:  # a smaller tiny model, shorter latencies: the same modes and steps, a smaller budget
         base += ["rollout.batch_size=8", "actor.ppo_mini_batch_size=8", "actor.micro_batch_size=8",
-                 "env.args.long=0.3"]
+                 "env.args.short=0.01", "env.args.long=0.1", "model.tiny.hidden_size=32",
+                 "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=300"]
     modes = {"lockstep": [], "k=0": [], "k=1": ["rollout.max_staleness=1"], "k=2": ["rollout.max_staleness=2"]}
     if args.ray:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")

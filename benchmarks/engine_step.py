@@ -80,16 +80,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 6; --quick 2)")
     p.add_argument("--vllm-python", default=os.environ.get("AGENTRL_VLLM_PYTHON",
                                                             str(ROOT / ".venv-vllm" / "bin" / "python")))
-    p.add_argument("--quick", action="store_true", help="tiny, our engine only, 2 steps of 8 episodes, a 1-step warm start")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny (narrower), our engine only, 2 steps of 8 episodes, a 1-step warm start")
     p.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. rollout.batch_size=16")
     args = p.parse_args()
     engines = (args.engines or ("local" if args.quick else "local,vllm")).split(",")
     shapes = (args.shapes or ("tiny" if args.quick else "tiny,24m")).split(",")
     steps = args.steps or (2 if args.quick else 6)
     extra = list(args.overrides)
-    if args.quick:  # a smoke run: a one-step warm start, 8 episodes a step
+    if args.quick:  # a smoke run: a narrower tiny model, a one-step warm start, 8 episodes a step, 2 evaluated
         extra = ["model.warm_start.max_steps=1", "rollout.batch_size=8", "actor.ppo_mini_batch_size=8",
-                 "actor.micro_batch_size=8", *extra]
+                 "actor.micro_batch_size=8", "trainer.eval_episodes=2", "model.tiny.hidden_size=32",
+                 "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64", *extra]
     for name, known in (("--engines", ENGINES), ("--shapes", SHAPES)):
         bad = [x for x in (engines if name == "--engines" else shapes) if x not in known]
         if bad:

@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from agentrl.config import load_config  # noqa: E402
 from agentrl.runtime.assembly.learners import build_learners  # noqa: E402
-from agentrl.runtime.assembly.trainer import build_parts  # noqa: E402
 from agentrl.runtime.assembly.plan import plan  # noqa: E402
+from agentrl.runtime.assembly.trainer import build_parts  # noqa: E402
 from agentrl.train.batch import pack  # noqa: E402
 
 WORKLOADS = {
@@ -54,10 +54,11 @@ WORKLOADS = {
     "math_retry": ("math_retry.yaml", []),
     "window": ("frozen_lake.yaml", ["agent.args.history_length=2"]),
 }
-# --quick: two groups of four, a warm start of a few steps (the replies are then less like a
-# trained policy's, the shapes of the batch alike).
+# --quick: two groups of four, a narrower one-layer tiny model warm-started for one step (the
+# replies are then less like a trained policy's, the shapes of the batch alike).
 QUICK = ["rollout.batch_size=8", "rollout.group_size=4", "actor.ppo_mini_batch_size=8", "actor.micro_batch_size=8",
-         "model.warm_start.max_steps=3", "model.warm_start.min_steps=0"]
+         "model.warm_start.max_steps=1", "model.warm_start.min_steps=0", "model.tiny.hidden_size=32",
+         "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64"]
 
 
 class SavedActivations:

@@ -45,7 +45,7 @@ long as b does not depend on this episode's actions from turn k on.
 
     python benchmarks/turn_credit.py                      # 5 estimators x seeds 0-2, 20 steps each
     python benchmarks/turn_credit.py --estimators turn,outcome --seeds 0,1,2,3
-    python benchmarks/turn_credit.py --quick              # 2 steps of seed 0: a smoke run
+    python benchmarks/turn_credit.py --quick              # 2 small steps of seed 0: a smoke run
 """
 
 from __future__ import annotations
@@ -74,6 +74,13 @@ ESTIMATORS: dict[str, dict[str, object]] = {
             "critic.enable": True, "critic.lr": 1e-3},
 }
 WAIT_SHARE = "env/wait_walk/wait_share"
+# --quick: a smaller tiny model warm-started for a few steps, two groups of 4, a short eval (a
+# smoke run: the steps, the wait share and the evals are those of a full run, their sizes not).
+QUICK: dict[str, object] = {
+    "model.tiny.hidden_size": 32, "model.tiny.num_hidden_layers": 1, "model.tiny.intermediate_size": 64,
+    "model.tiny.vocab_size": 300, "model.warm_start.max_steps": 2, "model.warm_start.batch_size": 4,
+    "rollout.batch_size": 8, "actor.ppo_mini_batch_size": 8, "actor.micro_batch_size": 8,
+    "critic.ppo_mini_batch_size": 8, "critic.micro_batch_size": 8, "trainer.eval_episodes": 4}
 
 
 def config(estimator: str, seed: int, steps: int, run_dir: Path) -> dict[str, object]:
@@ -89,10 +96,10 @@ def config(estimator: str, seed: int, steps: int, run_dir: Path) -> dict[str, ob
             "trainer.eval_episodes": 32, **ESTIMATORS[estimator]}
 
 
-def train(estimator: str, seed: int, steps: int, folder: Path) -> dict[str, float]:
+def train(estimator: str, seed: int, steps: int, folder: Path, quick: bool = False) -> dict[str, float]:
     """Train one run; the wait share of its first and last batches, and its eval before and after."""
     run_dir = folder / f"{estimator}_{seed}"
-    cfg = config(estimator, seed, steps, run_dir)
+    cfg = {**config(estimator, seed, steps, run_dir), **(QUICK if quick else {})}
     overrides = {k: v for k, v in cfg.items() if "." in k}
     start = time.perf_counter()
     summary = fit({k: v for k, v in cfg.items() if "." not in k}, overrides=overrides, log=lambda _: None)
@@ -121,7 +128,8 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--exact", action="store_true", help="only the exact expected updates (no training)")
-    p.add_argument("--quick", action="store_true", help="2 steps of seed 0 per estimator, for a smoke run")
+    p.add_argument("--quick", action="store_true",
+                   help="2 small steps of seed 0 per estimator, a smaller tiny model (smoke run)")
     args = p.parse_args()
     if args.quick:
         args.steps, args.seeds = 2, "0"
@@ -135,7 +143,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for name in names:
                 for seed in args.seeds.split(","):
-                    result = train(name, int(seed), args.steps, Path(tmp))
+                    result = train(name, int(seed), args.steps, Path(tmp), args.quick)
                     runs.setdefault(name, {})[seed] = result
                     print(name, seed, json.dumps(result), file=sys.stderr, flush=True)
         out.update(runs=runs, steps=args.steps, quick=args.quick)

@@ -24,7 +24,7 @@ computation: they agree to float rounding).
     python benchmarks/update_memory.py                          # both shapes, chunk 1024 vs whole
     python benchmarks/update_memory.py --shapes qwen0.5b --layers 24 --rows 2 --length 512
     python benchmarks/update_memory.py --chunk 256 --entropy-coeff 0.01
-    python benchmarks/update_memory.py --quick                  # short rows, chunk 64: a smoke run
+    python benchmarks/update_memory.py --quick                  # short rows, chunk 64, narrow: a smoke run
 
 The last line is a JSON summary.
 """
@@ -50,6 +50,11 @@ SHAPES = {
 }
 ROWS_LENGTH = {"24m": (8, 512), "qwen0.5b": (2, 1024)}  # rows of a micro-batch, ids per row: 4096 and 2048 tokens
 QUICK_ROWS_LENGTH = (2, 128)
+# --quick: every shape at small widths and one layer, its vocabulary as it is (the logits' memory
+# depends on the vocabulary and the tokens, not on the widths): a 151,936-id model of 10M
+# parameters, whose optimizer step and weights no longer dwarf a smoke run's logits.
+QUICK_WIDTHS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                    num_key_value_heads=1)
 
 
 MARK = 7_654_321  # bytes of one allocation made and freed as the optimizer step starts: a mark in the record
@@ -73,8 +78,9 @@ def _peaks(run) -> tuple[int, int]:
     return peak, peak if before_mark is None else before_mark
 
 
-def arm(shape: str, chunk: int, rows: int, length: int, layers: int, entropy_coeff: float) -> dict:
-    """One arm, in this process: the peaks of the old logprobs and of one update."""
+def arm(shape: str, chunk: int, rows: int, length: int, layers: int, entropy_coeff: float,
+        quick: bool = False) -> dict:
+    """One arm, in this process: the peaks of the old logprobs and of one update (`quick`: at QUICK_WIDTHS)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -83,7 +89,8 @@ def arm(shape: str, chunk: int, rows: int, length: int, layers: int, entropy_coe
     from agentrl.train.batch import pack
     from agentrl.trajectory import Trajectory
 
-    values = {**SHAPES[shape], **({"num_hidden_layers": layers} if shape == "qwen0.5b" else {})}
+    values = {**SHAPES[shape], **({"num_hidden_layers": layers} if shape == "qwen0.5b" else {}),
+              **(QUICK_WIDTHS if quick else {})}
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(**values))
     if shape == "qwen0.5b":
@@ -124,7 +131,8 @@ def arm(shape: str, chunk: int, rows: int, length: int, layers: int, entropy_coe
 def run_arm(shape: str, chunk: int, args, rows: int, length: int) -> dict:
     """`arm` in a fresh process (a peak RSS of its own)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--arm", shape, "--chunk", str(chunk), "--rows", str(rows),
-           "--length", str(length), "--layers", str(args.layers), "--entropy-coeff", str(args.entropy_coeff)]
+           "--length", str(length), "--layers", str(args.layers), "--entropy-coeff", str(args.entropy_coeff),
+           *(["--quick"] if args.quick else [])]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{shape} chunk {chunk}: exited {done.returncode}: {done.stderr.strip()[-2000:]}")
@@ -156,11 +164,13 @@ def main() -> None:
     p.add_argument("--length", type=int, default=None, help="ids per row (default per shape)")
     p.add_argument("--layers", type=int, default=2, help="layers of the qwen0.5b shape (24: full depth)")
     p.add_argument("--entropy-coeff", type=float, default=0.0, help="actor.entropy_coeff (0: the default)")
-    p.add_argument("--quick", action="store_true", help="2 rows of 128 ids, chunk 64: a smoke run")
+    p.add_argument("--quick", action="store_true",
+                   help="2 rows of 128 ids, chunk 64, every shape 64 wide and 1 layer deep: a smoke run")
     p.add_argument("--arm", default=None, help=argparse.SUPPRESS)  # run one arm here: the parent's subprocess
     args = p.parse_args()
     if args.arm:
-        print(json.dumps(arm(args.arm, args.chunk, args.rows, args.length, args.layers, args.entropy_coeff)))
+        print(json.dumps(arm(args.arm, args.chunk, args.rows, args.length, args.layers, args.entropy_coeff,
+                             args.quick)))
         return
     from agentrl.config import ActorConfig
 
@@ -193,8 +203,9 @@ def main() -> None:
     print(table(results), file=sys.stderr)
     import torch
 
+    layers = QUICK_WIDTHS["num_hidden_layers"] if args.quick else args.layers
     print(json.dumps({"quick": args.quick, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                      "layers_qwen0.5b": args.layers, "entropy_coeff": args.entropy_coeff, "shapes": results}))
+                      "layers_qwen0.5b": layers, "entropy_coeff": args.entropy_coeff, "shapes": results}))
 
 
 if __name__ == "__main__":

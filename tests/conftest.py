@@ -84,6 +84,20 @@ def _own_model_cache(run_model_cache):
         os.environ["AGENTRL_CACHE"] = before
 
 
+@pytest.fixture
+def registries_restored():
+    """Every registry of agentrl.registry as it was before the test: a test registers names of its
+    own (an estimator, a loss, an engine kind) without leaving them to the tests after it."""
+    from agentrl import registry
+
+    tables = [t for t in vars(registry).values() if isinstance(t, registry.Registry)]
+    saved = [dict(t._items) for t in tables]
+    yield
+    for table, items in zip(tables, saved):
+        table._items.clear()
+        table._items.update(items)
+
+
 # What Ray's processes and drivers read: no token file in the home folder, session files in a
 # short folder of the test run (Ray's socket paths must fit 107 bytes), not /tmp/ray.
 RAY_ENV = ("RAY_AUTH_MODE", "RAY_TMPDIR")

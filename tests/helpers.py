@@ -60,7 +60,7 @@ def nodelay_client(**kw):
 
 
 # Built-in env types that wrap an optional suite: env name -> the module its extra installs.
-SUITE_MODULES = {"gem": "gem", "reasoning_gym": "reasoning_gym"}
+SUITE_MODULES = {"gem": "gem", "minigrid": "minigrid", "reasoning_gym": "reasoning_gym"}
 
 
 def env_param(name):

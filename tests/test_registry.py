@@ -37,17 +37,15 @@ def test_a_name_taken_by_another_item_is_refused_unless_overwrite():
     ("register_env", "ENVS"), ("register_environment", "ENVS"), ("register_agent", "AGENTS"),
     ("register_estimator", "ESTIMATORS"), ("register_policy_loss", "POLICY_LOSSES"),
     ("register_curriculum_rule", "CURRICULUM_RULES")])
-def test_the_documented_names_register_in_their_registry(public, table):
+def test_the_documented_names_register_in_their_registry(public, table, registries_restored):
     register, target = getattr(registry, public), getattr(registry, table)
     name = f"test_registry_{public}"
-    try:
-        @register(name)
-        def item() -> None: ...
 
-        assert target.get(name) is item
-        assert register(name, item) is item  # the direct form, the same item again
-        with pytest.raises(RegistryError, match="already registered"):
-            register(name, len)
-        assert register(name, len, overwrite=True) is len and target.get(name) is len
-    finally:
-        target._items.pop(name, None)
+    @register(name)
+    def item() -> None: ...
+
+    assert target.get(name) is item
+    assert register(name, item) is item  # the direct form, the same item again
+    with pytest.raises(RegistryError, match="already registered"):
+        register(name, len)
+    assert register(name, len, overwrite=True) is len and target.get(name) is len

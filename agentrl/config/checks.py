@@ -146,10 +146,11 @@ def _validate_env_groups(cfg: Config) -> None:
 def check_model_section(cfg: Config) -> None:
     """model.lora and the token budgets: one line naming the field, before anything is built."""
     lora = cfg.model.lora
-    if lora.enabled and cfg.engine.kind == "remote":
-        # RemoteEngine sends whole state dicts; an adapter state (tensors and its peft config) has no route yet.
-        raise ConfigError(f"model.lora.rank={lora.rank} with engine.kind=remote: adapters are not sent to remote "
-                          "servers yet; use engine.kind=local or engine.kind=vllm (which loads them as LoRA adapters)")
+    if lora.enabled and cfg.engine.kind == "remote" and cfg.engine.protocol != "agentrl":
+        # An agentrl server takes adapters on /agentrl/adapter; a vLLM or SGLang server reloads whole folders.
+        raise ConfigError(f"model.lora.rank={lora.rank} with engine.kind=remote needs engine.protocol=agentrl (an "
+                          f"`agentrl serve` server loads adapters), not {cfg.engine.protocol}; for vLLM use "
+                          "engine.kind=vllm, which loads them as LoRA adapters")
     if lora.enabled:
         names = lora.target_modules
         if not names or not all(isinstance(n, str) and n.strip() for n in names):
@@ -349,12 +350,12 @@ def _check_served_on_ray(cfg: Config) -> None:
             "through vLLM's weight transfer (engine.vllm.weight_transfer)"
         raise ConfigError(f"runtime.weight_sync={rt.weight_sync} with {kind}: weights reach the servers {how}, not "
                           "by runtime.weight_sync; leave it at auto")
-    if cfg.rollout.max_staleness:
-        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness} with {kind} and runtime.kind=ray: "
-                          "asynchronous rollout on Ray plays on its own engine replicas (engine.kind=local); use "
-                          "rollout.max_staleness=0, or runtime.kind=local")
     if e.kind != "vllm" or e.urls:
         return
+    if cfg.rollout.max_staleness:  # built for served engines (engine.kind=remote), not tried on vLLM replicas
+        raise ConfigError(f"rollout.max_staleness={cfg.rollout.max_staleness} with {kind} and runtime.kind=ray: "
+                          "asynchronous rollout on Ray's own vLLM replicas is not built yet; use "
+                          "rollout.max_staleness=0, engine.kind=local, or vLLM servers of your own in engine.urls")
     if e.vllm.replicas != 1:
         raise ConfigError(f"engine.vllm.replicas={e.vllm.replicas} with runtime.kind=ray: Ray starts one vLLM server "
                           f"per engine replica; set runtime.actor_infer.world_size={e.vllm.replicas} instead")

@@ -1,11 +1,17 @@
 """Policy weights on the wire and on disk: safetensors bytes and files, and HF model folders
 for servers that reload from disk (vLLM, SGLang); the checks a server runs on weights it is sent
-(from a trusted folder only, fitting its model whole); plus the scoring pass behind top_logprobs."""
+(from a trusted folder only, fitting its model whole); plus the scoring pass behind top_logprobs.
+
+A LoRA adapter state (models/lora.py: adapter tensors plus the `ADAPTER_CONFIG` entry, a dict)
+travels as one safetensors buffer too: the tensors, and the peft config as JSON in the file's
+metadata under ADAPTER_METADATA, as peft's own adapter folder keeps it beside the tensors."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +33,50 @@ def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def to_bytes(state: dict[str, torch.Tensor]) -> bytes:
-    """A state dict as one safetensors buffer."""
-    return save(_unshared(state))
+def to_bytes(state: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """A state dict as one safetensors buffer (with string `metadata` in its header)."""
+    return save(_unshared(state), metadata=metadata)
+
+
+ADAPTER_METADATA = "agentrl.peft_lora_config"  # the header key of an adapter buffer's peft config (JSON)
+
+
+def adapter_to_bytes(state: dict[str, Any], marker: str) -> bytes:
+    """An adapter state (its tensors, and its config under `marker`) as one safetensors buffer."""
+    tensors = {k: v for k, v in state.items() if k != marker}
+    return to_bytes(tensors, {ADAPTER_METADATA: json.dumps(state[marker])})
+
+
+def adapter_from_bytes(data: bytes, marker: str) -> dict[str, Any]:
+    """The adapter state in a safetensors buffer written by `adapter_to_bytes` (its config back
+    under `marker`); ValueError (one line) if it is not one."""
+    tensors = from_bytes(data)
+    meta = header_metadata(data).get(ADAPTER_METADATA)
+    if meta is None:
+        raise ValueError(f"the body is not an adapter: its safetensors header has no {ADAPTER_METADATA!r} metadata "
+                         "(the peft LoraConfig as JSON)")
+    try:
+        config = json.loads(meta)
+    except ValueError:
+        raise ValueError(f"the adapter's {ADAPTER_METADATA!r} metadata is not JSON") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"the adapter's {ADAPTER_METADATA!r} metadata is {type(config).__name__}; expected an object")
+    return {**tensors, marker: config}
+
+
+def header_metadata(data: bytes) -> dict[str, str]:
+    """The `__metadata__` of a safetensors buffer's header ({} when it has none)."""
+    if len(data) < 8:
+        raise ValueError("the body is not a safetensors buffer (shorter than its header length)")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > len(data) - 8:
+        raise ValueError("the body is not a safetensors buffer (its header runs past its end)")
+    try:
+        header = json.loads(data[8:8 + size])
+    except ValueError:
+        raise ValueError("the body is not a safetensors buffer (its header is not JSON)") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return meta if isinstance(meta, dict) else {}
 
 
 def from_bytes(data: bytes) -> dict[str, torch.Tensor]:
@@ -44,8 +91,10 @@ Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]  # tensor name -> (shape
 
 
 def served_layout(model: torch.nn.Module) -> Layout:
-    """Name -> (shape, dtype) of every tensor of the served model's state dict."""
-    return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    """Name -> (shape, dtype) of every tensor of the served model's state dict: of its base model
+    when LoRA layers are injected (whole weights replace the base; the adapters then go)."""
+    return {k.replace(".base_layer.", "."): (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()
+            if "lora_" not in k}
 
 
 def body_limit(layout: Layout) -> int:
@@ -80,8 +129,18 @@ def check_fits(layout: Layout, tensors: dict[str, torch.Tensor]) -> None:
 
 def from_weights_dir(path: str, folder: str | Path, limit: int) -> dict[str, torch.Tensor]:
     """The state dict of the safetensors file `path` (absolute, or relative to `folder`) inside
-    `folder`. A path outside it, a link leading out, or a missing file get one message, so that
-    no answer tells what exists outside; a path outside is never even looked at."""
+    `folder` (see `weights_file`)."""
+    real = weights_file(path, folder, limit)
+    try:
+        return load_file(str(real))
+    except Exception as e:  # noqa: BLE001 (safetensors raises its own error types)
+        raise ValueError(f"{path!r} is not a safetensors file ({type(e).__name__}: {e})") from None
+
+
+def weights_file(path: str, folder: str | Path, limit: int) -> Path:
+    """The file `path` (absolute, or relative to `folder`) names inside `folder`, at most `limit`
+    bytes. A path outside it, a link leading out, or a missing file get one message, so that no
+    answer tells what exists outside; a path outside is never even looked at."""
     root = Path(folder).resolve()
     given = Path(path)
     lexical = Path(os.path.normpath(given if given.is_absolute() else root / given))
@@ -97,10 +156,7 @@ def from_weights_dir(path: str, folder: str | Path, limit: int) -> dict[str, tor
     size = real.stat().st_size
     if size > limit:
         raise ValueError(f"{path!r} holds {size} bytes, more than weights of the served model can ({limit})")
-    try:
-        return load_file(str(real))
-    except Exception as e:  # noqa: BLE001 (safetensors raises its own error types)
-        raise ValueError(f"{path!r} is not a safetensors file ({type(e).__name__}: {e})") from None
+    return real
 
 
 def save_file_atomic(state: dict[str, torch.Tensor], path: Path) -> Path:

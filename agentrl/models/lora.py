@@ -76,6 +76,20 @@ def base_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k.replace(".base_layer.", "."): t.detach() for k, t in inner.state_dict().items() if "lora_" not in k}
 
 
+def strip_adapters(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` (changed in place) without the LoRA layers injected into it, each back to its base
+    layer: an engine given whole weights after adapters serves the base model again."""
+    if not hasattr(model, "peft_config"):
+        return model
+    for name, module in list(model.named_modules()):
+        base = getattr(module, "base_layer", None)
+        if name and isinstance(base, torch.nn.Module):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, base)
+    del model.peft_config
+    return model
+
+
 def linear_names(model: torch.nn.Module) -> set[str]:
     """The last name part of every linear layer but the output head (what target_modules match)."""
     output_embeddings = getattr(model, "get_output_embeddings", None)  # transformers models have it
@@ -167,6 +181,54 @@ def _adapter_params(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) ->
         else:
             return None
     return found
+
+
+def check_adapter(model: torch.nn.Module, state: dict[str, Any]) -> None:
+    """ValueError (one line, the first problem) unless adapter state `state` fits `model` whole:
+    a peft LoRA config, exactly the adapter tensors that config gives this model (or, once the
+    model holds adapters, the ones it holds), their shapes, every value finite. Nothing is
+    changed here: an engine that takes adapters from elsewhere checks a push before copying any."""
+    config = state.get(ADAPTER_CONFIG)
+    if not isinstance(config, dict):
+        raise ValueError("the adapter state has no peft config")
+    tensors = {k: v for k, v in state.items() if k != ADAPTER_CONFIG}
+    if not all(isinstance(v, torch.Tensor) and v.is_floating_point() for v in tensors.values()):
+        raise ValueError("every adapter tensor must be a floating-point tensor")
+    expected = _adapter_shapes(model, config)
+    given = {_saved_stem(k): tuple(v.shape) for k, v in tensors.items()}
+    missing, extra = sorted(set(expected) - set(given)), sorted(set(given) - set(expected))
+    if missing:
+        raise ValueError(f"the adapter lacks {len(missing)} tensor(s) of its config on this model, e.g. {missing[0]!r}")
+    if extra:
+        raise ValueError(f"the adapter holds {len(extra)} tensor(s) this model has no place for, e.g. {extra[0]!r}")
+    for name, shape in given.items():
+        if shape != expected[name]:
+            raise ValueError(f"{name} has shape {list(shape)}; this model's adapter takes {list(expected[name])}")
+    for name, t in tensors.items():
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} holds NaN or infinite values")
+
+
+def _saved_stem(key: str) -> str:
+    """An adapter tensor's name without peft's wrapper prefix and adapter name (as saved either way)."""
+    return key.removeprefix("base_model.model.").replace(".default.", ".")
+
+
+def _adapter_shapes(model: torch.nn.Module, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """{adapter tensor name (see _saved_stem): shape} that `config` gives `model`: the adapters it
+    holds once it has some (a later push replaces them), else those injected into a copy of its
+    skeleton on the meta device (no memory, no weights)."""
+    if hasattr(model, "peft_config"):
+        return {_saved_stem(n): tuple(p.shape) for n, p in model.named_parameters() if "lora_" in n}
+    peft = require_peft()
+    try:
+        lora = peft.LoraConfig(**{k: v for k, v in config.items() if k in _LORA_FIELDS})
+        with torch.random.fork_rng(devices=[]):
+            probe = peft.inject_adapter_in_model(lora, skeleton(model.config))
+    except (TypeError, ValueError, KeyError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"the adapter's peft config does not fit this model: {first}") from None
+    return {_saved_stem(n): tuple(p.shape) for n, p in probe.named_parameters() if "lora_" in n}
 
 
 _LORA_FIELDS = ("r", "lora_alpha", "lora_dropout", "target_modules", "bias", "use_rslora", "fan_in_fan_out",

@@ -14,7 +14,6 @@ from agentrl.config import Config, load_config, save_config
 from agentrl.errors import AgentRLError
 from agentrl.hub import offline
 from agentrl.runtime.assembly.plan import RunPlan, plan, save_plan
-from agentrl.runtime.assembly.trainer import build_trainer
 from agentrl.runtime.handle import FinishedRun, RunHandle
 from agentrl.runtime.process import kept_threads
 from agentrl.runtime.run_folder import (
@@ -91,6 +90,10 @@ def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: To
         with ray_trainer(cfg, run_dir, log, tokenizer, run_plan) as run:
             yield run
     else:
+        # Imported here, as in `evaluate_checkpoint`: the parts pull in transformers' model stack
+        # (seconds of CPU), which a run refused before any model (its config, its folder) never needs.
+        from agentrl.runtime.assembly.trainer import build_trainer
+
         trainer = build_trainer(cfg, run_dir, log, tokenizer, run_plan)
         try:
             yield trainer
@@ -112,6 +115,7 @@ def evaluate_checkpoint(run_dir: Path, overrides: list[str], log: Callable[[str]
     corrupt newer one is skipped), evaluated with the run's config and `overrides`; held while it
     is evaluated, so a trainer still writing the run may prune it meanwhile."""
     from agentrl.models.lora import is_adapter_folder
+    from agentrl.runtime.assembly.trainer import build_trainer
     from agentrl.train.actor import Actor
     from agentrl.train.checkpoint_hold import held_newest
 

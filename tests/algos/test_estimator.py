@@ -22,16 +22,7 @@ def _inputs(**changes) -> EstimatorInput:
     return EstimatorInput(REWARDS, MASK, INDEX, None, AlgorithmConfig(credit="token"), **changes)
 
 
-@pytest.fixture
-def user_names():
-    """Names a test registers as estimators, taken out of the registry after it."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        ESTIMATORS._items.pop(name, None)
-
-
-def test_an_estimator_of_one_parameter_gets_the_record(user_names):
+def test_an_estimator_of_one_parameter_gets_the_record(registries_restored):
     seen = []
 
     def record_form(x):
@@ -39,19 +30,17 @@ def test_an_estimator_of_one_parameter_gets_the_record(user_names):
         return x.token_rewards * x.response_mask, x.token_rewards
 
     register_estimator("test_record_form", record_form)
-    user_names.append("test_record_form")
     states = torch.full((3, 3), -1)
     adv, ret = compute_advantages("test_record_form", _inputs(state_ids=states))
     assert isinstance(seen[0], EstimatorInput) and seen[0].state_ids is states
     assert torch.equal(adv, REWARDS * MASK) and torch.equal(ret, REWARDS)
 
 
-def test_an_estimator_in_the_earlier_positional_form_is_refused_in_one_line(user_names):
+def test_an_estimator_in_the_earlier_positional_form_is_refused_in_one_line(registries_restored):
     def positional(token_rewards, response_mask, index, values, config, state_ids=None):
         return token_rewards, token_rewards
 
     register_estimator("test_positional_form", positional)
-    user_names.append("test_positional_form")
     # check_estimator: what `plan()` runs, so the run is refused before it starts (tests/runtime/test_plan.py);
     # compute_advantages: the same for one registered after the run was planned
     for refuse in (lambda: check_estimator("test_positional_form"),

@@ -189,16 +189,7 @@ def test_every_policy_loss_takes_the_one_record():
         assert len(params) == 1 and params[0].annotation in (PolicyLossInput, "PolicyLossInput"), name
 
 
-@pytest.fixture
-def user_loss_names():
-    """Names a test registers as policy losses, taken out of the registry after it."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        POLICY_LOSSES._items.pop(name, None)
-
-
-def test_a_registered_loss_gets_the_record(user_loss_names):
+def test_a_registered_loss_gets_the_record(registries_restored):
     from agentrl.algos.policy_losses import check_loss_mode
     from agentrl.registry import register_policy_loss
 
@@ -210,7 +201,6 @@ def test_a_registered_loss_gets_the_record(user_loss_names):
         loss, stats = ppo_policy_loss(x)
         return loss * 0.5, stats
 
-    user_loss_names.append("test_halved_vanilla")
     check_loss_mode("test_halved_vanilla")
     logp, old, adv, mask = _random(3)
     inputs = PolicyLossInput(logp, old, adv, mask, 0.2, 0.28, "seq-mean-token-mean", config=PolicyLossConfig())
@@ -218,7 +208,7 @@ def test_a_registered_loss_gets_the_record(user_loss_names):
     assert seen == [inputs] and torch.equal(loss, ppo_policy_loss(inputs)[0] * 0.5)
 
 
-def test_a_loss_in_the_earlier_many_parameter_form_is_refused_in_one_line(user_loss_names):
+def test_a_loss_in_the_earlier_many_parameter_form_is_refused_in_one_line(registries_restored):
     from agentrl.algos.policy_losses import check_loss_mode
     from agentrl.registry import register_policy_loss
 
@@ -228,7 +218,6 @@ def test_a_loss_in_the_earlier_many_parameter_form_is_refused_in_one_line(user_l
                    horizon=None, config=None):
         return ppo_policy_loss(PolicyLossInput(logprobs, old_logprobs, advantages, mask))
 
-    user_loss_names.append("test_positional_loss")
     with pytest.raises(ConfigError) as e:
         check_loss_mode("test_positional_loss")
     msg = str(e.value)

@@ -1,7 +1,9 @@
-"""Every script in benchmarks/ runs from a fresh clone in its quickest mode (`--quick`), as a user
-runs it: a process of its own, started outside the checkout with an empty model cache, ending
-with its JSON summary line. A smoke run: no timing is asserted (a reduced budget on a shared CPU
-says nothing about speed). A new script is covered by being in the folder."""
+"""Every script in benchmarks/ runs in its quickest mode (`--quick`) as a user of a fresh clone
+runs it: a process of its own, started outside the checkout with an empty model cache (its own:
+every warm start it needs is computed anew), ending with its JSON summary line. Nothing is
+copied: the script and the package are this checkout's (PYTHONPATH). A smoke run: no timing is
+asserted (a reduced budget on a shared CPU says nothing about speed). A new script is covered by
+being in the folder."""
 
 import json
 import os
@@ -50,8 +52,32 @@ def _update_memory(summary: dict) -> None:
         assert r["loss_diff"] < 1e-5 and r["grad_norm_rel_diff"] < 1e-4
 
 
+def _turn_credit(summary: dict) -> None:
+    """Every estimator trained its steps and was evaluated after them."""
+    assert set(summary["runs"]) == {"turn", "outcome", "token", "gigpo", "gae"} and summary["steps"] == 2
+    for run in summary["runs"].values():
+        (r,) = run.values()
+        assert 0 <= r["wait_share_last"] <= 1 and 0 <= r["eval_success_after"] <= 1
+
+
+def _rollout_overlap(summary: dict) -> None:
+    """Serial, thread and process ran, each on torch's threads and on the split ones (1,1): best
+    wall seconds per MODE_GENxUPD threads."""
+    threads = summary["cores"]
+    for mode in ("serial", "thread", "process"):
+        assert summary[f"{mode}_1x1"] > 0 and summary[f"{mode}_{threads}x{threads}"] > 0
+    assert summary["thread_over_best_serial"] > 0 and summary["process_over_best_serial"] > 0
+
+
+def _async_rollout(summary: dict) -> None:
+    """Lockstep and the collector at k = 0, 1, 2 each timed their steps."""
+    assert all(summary[f"step_seconds_{m}"] > 0 for m in ("lockstep", "k=0", "k=1", "k=2"))
+    assert summary["speedup_vs_lockstep"] > 0
+
+
 CHECKS = {"gpu_suite": _gpu_suite, "prefix_sharing": _prefix_sharing, "elastic": _elastic,
-          "update_memory": _update_memory}  # what a script's summary must hold beyond being one
+          "update_memory": _update_memory, "turn_credit": _turn_credit, "rollout_overlap": _rollout_overlap,
+          "async_rollout": _async_rollout}  # what a script's summary must hold beyond being one
 
 
 @pytest.mark.slow

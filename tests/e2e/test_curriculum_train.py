@@ -7,6 +7,7 @@ import signal
 import pytest
 import torch
 
+from agentrl.cli import main as cli_main
 from agentrl.metrics import read_jsonl
 from agentrl.train.checkpoint import latest_checkpoint, load_state
 
@@ -26,10 +27,11 @@ def _args(run, cache) -> list[str]:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, run_model_cache):
+    """The run never stopped: `agentrl train` through the CLI's entry point, in this process (only
+    the killed run below needs a process of its own)."""
     cache = run_model_cache  # the test run's: its warm start is shared with other modules
     run = tmp_path_factory.mktemp("straight")
-    res = _run("-m", "agentrl.cli", "train", *_args(run, cache))
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert cli_main(["train", *_args(run, cache)]) == 0
     return run, cache
 
 
@@ -47,14 +49,15 @@ def test_a_curriculum_run_logs_curriculum_stats_and_plays_pool_tasks(straight):
     assert played == 2 * STEPS and set(state["estimates"]["frozen_lake"]) <= set(range(POOL))
 
 
-def test_a_killed_curriculum_run_resumes_its_draws_exactly(tmp_path, straight):
+def test_a_killed_curriculum_run_resumes_its_draws_exactly(tmp_path, straight, capsys):
     ref, cache = straight
     run = tmp_path / "run"
     res = _run("-c", KILLER, "update", "3", "train", *_args(run, cache))
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
     assert load_state(latest_checkpoint(run / "checkpoints"))["step"] == 2
-    res = _run("-m", "agentrl.cli", "resume", str(run))
-    assert res.returncode == 0, res.stderr[-2000:]
+    # `agentrl resume` in this process (tests/e2e/test_resume.py resumes in a process of its own)
+    code = cli_main(["resume", str(run)])
+    assert code == 0, capsys.readouterr().err[-2000:]
     assert _rows(run) == _rows(ref)
     mine, theirs = _weights(run), _weights(ref)
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)

@@ -29,11 +29,11 @@ def _logprobs(model, ids):
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory):
-    """A 2-step LoRA run (checkpoint every step), the trainer that ran it, and its base weights before."""
+def lora_run(tmp_path_factory, run_model_cache):
+    """A 2-step LoRA run (checkpoint every step), the trainer that ran it, and its base weights before.
+    Its base is the warm start of the test run's cache: LoRA is put on after it (other modules share it)."""
     run = tmp_path_factory.mktemp("lora") / "run"
-    cfg = load_config("configs/frozen_lake.yaml", [*LORA, f"run_dir={run}",
-                                                   f"model.cache_dir={tmp_path_factory.mktemp('cache')}"])
+    cfg = load_config("configs/frozen_lake.yaml", [*LORA, f"run_dir={run}", f"model.cache_dir={run_model_cache}"])
     with open_run(cfg, log=lambda m: None) as trainer:
         base_before = {n: p.detach().clone() for n, p in trainer.actor.model.named_parameters() if "lora_" not in n}
         trainer.fit()

@@ -21,11 +21,14 @@ def test_an_openai_client_agent_calls_the_runs_tools_and_trains(tmp_path):
     if problem is not None:
         pytest.skip(f"bubblewrap cannot run here: {problem}")
     run = tmp_path / "run"
+    # The warm start plays 8 batches of demonstrations (demo_pool; the config's 100 run the sandbox
+    # 800 times) and trains its 100 steps on them in turn: enough to learn the call's form.
     cfg = load_config("configs/tool_python.yaml", [
         "agent.type=openai", "agent.args.entry=examples/openai_tools:run", "env.args.min_operand=2",
         "env.args.max_operand=9", "model.tiny.hidden_size=64", "model.tiny.num_hidden_layers=2",
         "model.tiny.intermediate_size=128", "model.tiny.vocab_size=400", "model.warm_start.max_steps=100",
         "model.warm_start.min_steps=100", "model.warm_start.batch_size=8", "model.warm_start.lr=3e-3",
+        "model.warm_start.demo_pool=8",
         "rollout.temperature=0.3",
         "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_new_tokens=96", "actor.ppo_mini_batch_size=8",
         "actor.micro_batch_size=4", "trainer.total_steps=2", "trainer.test_freq=2", "trainer.eval_episodes=4",

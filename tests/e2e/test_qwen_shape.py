@@ -23,7 +23,9 @@ def test_a_qwen_shaped_folder_trains_one_step_in_bfloat16(tmp_path):
         f"model.path={folder}", "model.dtype=bfloat16", "model.use_remove_padding=true",
         "model.enable_gradient_checkpointing=true", "actor.max_tokens_per_micro_batch=256",
         "actor.entropy_coeff=0.01",  # a gradient even if every episode of random weights scores alike
-        "rollout.batch_size=4", "rollout.group_size=2", "actor.ppo_mini_batch_size=4", "actor.micro_batch_size=4",
+        # One group of two episodes: the 151,936-row head makes every trained sequence cost; the
+        # budget above still splits them into micro-batches of their own.
+        "rollout.batch_size=2", "rollout.group_size=2", "actor.ppo_mini_batch_size=2", "actor.micro_batch_size=2",
         "env.max_turns=1", "env.args.max_steps=1", "trainer.total_steps=1", "trainer.eval_episodes=2", "trainer.progress=false",
         "trainer.logger=[jsonl]", f"run_dir={run}"])
     summary = train(cfg, log=lambda m: None)

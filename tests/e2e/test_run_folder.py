@@ -1,10 +1,17 @@
 """The run folder under misuse and faults, through the real CLI: another run in the same folder,
 resumes with changed configs, two processes at once, corrupt checkpoints and caches, folders that
 are files or read-only, a full disk, interrupts and signals. Each ends in one line, and leaves the
-folder as a later `resume` or `eval` can use it."""
+folder as a later `resume` or `eval` can use it.
 
+A refusal, a fault or a signal is met by `agentrl` in a process of its own (its whole stderr is the
+one line, its exit code the process's). The runs and evals around them (the run they damage, the
+resume or eval that must cope) go through the CLI's entry point, `main`, in this process: what they
+prove is the folder, and the model stack's imports (most of a short run's CPU) are paid once."""
+
+import contextlib
 import errno
 import fcntl
+import io
 import json
 import os
 import shutil
@@ -15,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.cli import main
 from agentrl.metrics import read_jsonl
 
 from helpers import without_plan
@@ -107,8 +115,16 @@ def _fault(where: str, n: int, *args: str, timeout: int = 600) -> subprocess.Com
                           cwd=ROOT, timeout=timeout)
 
 
+def _main(*args: str) -> subprocess.CompletedProcess:
+    """`agentrl ARGS` through the CLI's entry point in this process: its exit code and output."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["agentrl", *args], code, out.getvalue(), err.getvalue())
+
+
 def _train_args(run: Path, cache: Path, *more: str) -> list[str]:
-    return ["configs/frozen_lake.yaml", *TINY, f"run_dir={run}", f"model.cache_dir={cache}", *more]
+    return [str(ROOT / "configs" / "frozen_lake.yaml"), *TINY, f"run_dir={run}", f"model.cache_dir={cache}", *more]
 
 
 def _one_line(res: subprocess.CompletedProcess, code: int = 2) -> str:
@@ -133,11 +149,12 @@ def _loads(ckpt: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A finished 4-step run (checkpoints at steps 2 and 4) and the model cache every run here shares."""
-    cache = tmp_path_factory.mktemp("model_cache")
+def finished(tmp_path_factory, run_model_cache):
+    """A finished 4-step run (checkpoints at steps 2 and 4) and the model cache every run here shares
+    (the test run's: its warm start is the one of every TINY FrozenLake run of the suite)."""
+    cache = run_model_cache
     run = tmp_path_factory.mktemp("finished") / "run"
-    res = _cli("train", *_train_args(run, cache, f"trainer.total_steps={STEPS}", "trainer.save_freq=2"))
+    res = _main("train", *_train_args(run, cache, f"trainer.total_steps={STEPS}", "trainer.save_freq=2"))
     assert res.returncode == 0, res.stderr[-2000:]
     assert _steps(run) == [2, 4]
     return run, cache
@@ -176,21 +193,22 @@ def test_a_wrong_config_into_a_folder_holding_a_run_names_the_config_first(run_c
     to a second error after --overwrite), and neither folder changes."""
     run, cache = run_copy
     before = _snapshot(run)
-    line = _one_line(_cli("train", *_train_args(run, cache, override)))
+    # In this process: a refusal of `train` in a process of its own is the test above.
+    line = _one_line(_main("train", *_train_args(run, cache, override)))
     assert expected in line and "already holds a run" not in line
     assert _snapshot(run) == before
     fresh = tmp_path / "fresh"
-    assert expected in _one_line(_cli("train", *_train_args(fresh, cache, override)))
+    assert expected in _one_line(_main("train", *_train_args(fresh, cache, override)))
     assert not fresh.exists()  # a config error leaves no run folder behind
 
 
 def test_train_with_overwrite_starts_over_and_keeps_its_own_checkpoints(run_copy):
     run, cache = run_copy
-    res = _cli("train", "--overwrite", *_train_args(run, cache, "trainer.total_steps=2", "trainer.save_freq=1"))
+    res = _main("train", "--overwrite", *_train_args(run, cache, "trainer.total_steps=2", "trainer.save_freq=1"))
     assert res.returncode == 0, res.stderr[-2000:]
     assert _steps(run) == [1, 2]  # the old run's step 4 is gone, the new ones survive pruning
     assert max(r["step"] for r in read_jsonl(run / "metrics.jsonl")) == 2
-    res = _cli("eval", str(run))
+    res = _main("eval", str(run))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "step_000002" in res.stdout
 
@@ -215,9 +233,11 @@ def test_pruning_keeps_the_newest_steps_of_this_run_not_the_newest_names(tmp_pat
     ("model.dtype=bfloat16", "model.dtype"), ("algorithm.adv_estimator=rloo", "algorithm.adv_estimator"),
     ("rollout.max_staleness=1", "rollout.max_staleness"), ("model.path={run}/checkpoints/step_000002", "model.path")])
 def test_resume_refuses_a_change_of_the_runs_meaning_and_keeps_the_folder(run_copy, override, field):
+    """Each field by the CLI's entry point here: a resume's refusal in a process of its own, its
+    stderr one line, is the test of a folder in use by another process, below."""
     run, _ = run_copy
     before = _snapshot(run)
-    line = _one_line(_cli("resume", str(run), override.format(run=run), "trainer.total_steps=6"))
+    line = _one_line(_main("resume", str(run), override.format(run=run), "trainer.total_steps=6"))
     assert line.startswith("agentrl: error: resume cannot change ") and field in line and "trainer.total_steps" in line
     assert _snapshot(run) == before  # config.yaml is not rewritten by a refused resume
 
@@ -242,7 +262,7 @@ def test_resume_with_a_checkpoint_that_does_not_fit_the_model_is_one_line_and_ha
 
 def test_resume_with_an_allowed_change_records_it_and_writes_the_config(run_copy):
     run, _ = run_copy
-    res = _cli("resume", str(run), "trainer.total_steps=5", "trainer.save_freq=0")
+    res = _main("resume", str(run), "trainer.total_steps=5", "trainer.save_freq=0")
     assert res.returncode == 0, res.stderr[-2000:]
     assert "total_steps: 5" in (run / "config.yaml").read_text()
     (row,) = read_jsonl(run / "resumes.jsonl")
@@ -271,10 +291,10 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_older_one(run_copy, damag
     run, _ = run_copy
     path = run / "checkpoints" / "step_000004" / damaged
     path.write_bytes(path.read_bytes()[:100])  # truncated
-    res = _cli("eval", str(run))
+    res = _main("eval", str(run))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "step_000002" in res.stdout and "warning: checkpoint" in res.stderr and "step_000004" in res.stderr
-    res = _cli("resume", str(run))
+    res = _main("resume", str(run))
     assert res.returncode == 0, res.stderr[-2000:]
     assert _steps(run)[-1] == 4 and _loads(run / "checkpoints" / "step_000004") == 4
 
@@ -284,19 +304,20 @@ def test_no_loadable_checkpoint_is_one_line(run_copy):
     for ckpt in (run / "checkpoints").glob("step_*"):
         (ckpt / "state.pt").write_bytes(b"garbage")
     for command in ("eval", "resume"):
-        res = _cli(command, str(run))
+        res = _main(command, str(run))  # a traceback out of `main` would be an exception here
         assert res.returncode == 2, res.stderr[-2000:]
         last = res.stderr.strip().splitlines()[-1]
         assert last.startswith(f"agentrl: error: no checkpoint in {run / 'checkpoints'} loads")
-        assert "Traceback" not in res.stderr
+        assert "Traceback" not in res.stderr  # nor one printed by a thread of it
 
 
 def test_a_cached_model_with_missing_weights_is_rebuilt(finished, tmp_path):
     cache = tmp_path / "cache"
-    shutil.copytree(finished[1], cache)
+    entry = Path(json.loads((finished[0] / "plan.json").read_text())["warm_start"]["cache"])  # this config's model
+    shutil.copytree(entry, cache / entry.name)
     for weights in cache.glob("tiny-*/model.safetensors"):
         weights.unlink()
-    res = _cli("train", *_train_args(tmp_path / "run", cache, "trainer.total_steps=1"))
+    res = _main("train", *_train_args(tmp_path / "run", cache, "trainer.total_steps=1"))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "does not load" in res.stderr and "rebuilding it" in res.stderr and "model.path" not in res.stderr
 
@@ -306,8 +327,10 @@ def test_a_run_dir_or_output_dir_that_is_a_file_is_one_line_before_any_model(tmp
     a_file = tmp_path / "a_file"
     a_file.write_text("not a folder")
     cache = tmp_path / "cache"
+    # By the CLI's entry point here; the read-only folder below is refused in a process of its own.
     for setting in (f"run_dir={a_file}", f"output_dir={a_file}", f"run_dir={a_file / 'run'}"):
-        line = _one_line(_cli("train", "configs/frozen_lake.yaml", *TINY, setting, f"model.cache_dir={cache}"))
+        line = _one_line(_main("train", str(ROOT / "configs" / "frozen_lake.yaml"), *TINY, setting,
+                               f"model.cache_dir={cache}"))
         assert "is a file, not a folder" in line and setting.split("=")[0] in line
     assert not cache.exists()  # nothing was built
 
@@ -338,7 +361,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_previous_one(
 def test_resuming_a_finished_run_changes_nothing(run_copy):
     run, _ = run_copy
     before = _snapshot(run)
-    res = _cli("resume", str(run))
+    res = _main("resume", str(run))
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"run {run} is already finished at step 4" in res.stderr
     assert _snapshot(run) == before  # no second final-eval row, wall_seconds kept
@@ -347,33 +370,27 @@ def test_resuming_a_finished_run_changes_nothing(run_copy):
 def test_eval_tags_its_samples_with_the_checkpoints_step(run_copy):
     run, _ = run_copy
     n = len(read_jsonl(run / "samples.jsonl"))
-    res = _cli("eval", str(run))
+    res = _main("eval", str(run))
     assert res.returncode == 0, res.stderr[-2000:]
     new = read_jsonl(run / "samples.jsonl")[n:]
     assert new and {r["step"] for r in new} == {4}
 
 
-# A trainer still writing the run prunes every checkpoint `agentrl eval` could have picked, between
-# its picking one and loading the model from it (where a real trainer beside it may do so).
-PRUNE = """
-import shutil, sys
-from pathlib import Path
-import agentrl.runtime.assembly.trainer as build
-from agentrl.cli import main
-real = build.build_trainer
-def build_trainer(*args, **kwargs):
-    for ckpt in Path(sys.argv[1]).glob("step_*"):
-        shutil.rmtree(ckpt)
-    return real(*args, **kwargs)
-build.build_trainer = build_trainer
-sys.exit(main(sys.argv[2:]))
-"""
+def test_eval_holds_the_checkpoint_it_picked_while_a_trainer_prunes_it(run_copy, monkeypatch):
+    import agentrl.runtime.assembly.trainer as build
 
-
-def test_eval_holds_the_checkpoint_it_picked_while_a_trainer_prunes_it(run_copy):
     run, _ = run_copy
-    res = subprocess.run([sys.executable, "-c", PRUNE, str(run / "checkpoints"), "eval", str(run)],
-                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    real = build.build_trainer
+
+    def build_trainer(*args, **kwargs):
+        # A trainer still writing the run prunes every checkpoint `agentrl eval` could have picked,
+        # between its picking one and loading the model from it (where a real trainer beside it may do so).
+        for ckpt in (run / "checkpoints").glob("step_*"):
+            shutil.rmtree(ckpt)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build, "build_trainer", build_trainer)
+    res = _main("eval", str(run))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "step_000004" in res.stdout and "eval/success" in res.stdout
     assert not list(run.glob(".held-*"))  # the held copy is gone with the eval
@@ -383,10 +400,10 @@ def test_resuming_a_folder_without_a_checkpoint_says_it_starts_at_step_0(tmp_pat
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(finished[0] / "config.yaml", run / "config.yaml")  # a run killed before its first save
-    res = _cli("resume", str(run))
+    res = _main("resume", str(run), "trainer.total_steps=2")  # 2 of its 4 steps show it starts at 0
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"agentrl: {run} holds no checkpoint to resume from" in res.stderr and "starts at step 0" in res.stderr
-    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2]
 
 
 @pytest.mark.parametrize("make_args, expected", [
@@ -425,7 +442,7 @@ def test_ctrl_c_during_a_checkpoint_write_leaves_no_partial_folder(tmp_path, fin
 def test_a_partial_checkpoint_left_by_a_kill_is_cleared_at_the_next_start(run_copy):
     run, _ = run_copy
     (run / "checkpoints" / ".tmp_step_000006").mkdir()  # as a SIGKILL mid-write leaves it
-    res = _cli("resume", str(run))
+    res = _main("resume", str(run))
     assert res.returncode == 0, res.stderr[-2000:]
     assert not list((run / "checkpoints").glob(".tmp_*"))
 
@@ -445,7 +462,7 @@ def test_a_signal_stops_the_run_with_one_line_saying_how_to_resume(tmp_path, fin
     line = _one_line(res, code=128 + getattr(signal, sig))
     assert line == f"agentrl: {what}; resume with `agentrl resume {run}`"
     assert _steps(run) == [1]
-    res = _cli("resume", str(run))
+    res = _main("resume", str(run))
     assert res.returncode == 0, res.stderr[-2000:]
     assert _steps(run) == [1, 2]
 
@@ -498,18 +515,19 @@ def test_a_signal_while_the_episodes_thread_is_in_torch_exits_cleanly_and_resume
     res = _fault(f"engine_{sig}", 0, "train", *_train_args(run, finished[1]))
     what = "terminated (SIGTERM)" if sig == "SIGTERM" else "interrupted"
     assert _one_line(res, code=128 + getattr(signal, sig)) == f"agentrl: {what}; resume with `agentrl resume {run}`"
-    res = _cli("resume", str(run))
+    res = _main("resume", str(run))
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
 
 
 def test_sigterm_during_the_warm_start_exits_cleanly_and_the_run_starts_again(tmp_path):
-    run, cache = tmp_path / "run", tmp_path / "cache"
-    res = _fault("warm_SIGTERM", 0, "train", *_train_args(run, cache))
+    run, cache = tmp_path / "run", tmp_path / "cache"  # a cache of its own: the warm start is played
+    # One supervised step is a warm start as much as TINY's 4 (the resume below plays it whole).
+    res = _fault("warm_SIGTERM", 0, "train", *_train_args(run, cache, "model.warm_start.max_steps=1"))
     assert res.returncode == 128 + signal.SIGTERM, res.stderr[-2000:]
     assert res.stderr.strip().splitlines()[-1] == f"agentrl: terminated (SIGTERM); resume with `agentrl resume {run}`"
     assert "Traceback" not in res.stderr
-    res = _cli("resume", str(run))
+    res = _main("resume", str(run))
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
 
@@ -535,7 +553,7 @@ def test_a_disk_that_fills_up_during_a_checkpoint_is_one_line_and_the_run_resume
         assert _steps(target) == [1] and not list((target / "checkpoints").glob(".tmp_*"))
         assert _loads(target / "checkpoints" / "step_000001") == 1
         subprocess.run(["mount", "-o", f"remount,size={size * 8}", str(disk)], check=True)  # space freed
-        res = _cli("resume", str(target))
+        res = _main("resume", str(target))
         assert res.returncode == 0, res.stderr[-2000:]
         assert _steps(target) == [1, 2]
     finally:

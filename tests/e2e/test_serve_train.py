@@ -165,25 +165,24 @@ def test_the_openai_client_example_trains(cache_dir, tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 2
 
 
-def test_an_entry_named_by_module_from_imports_trains_and_resumes_as_the_readme_says(cache_dir, tmp_path):
+def test_an_entry_named_by_module_from_imports_trains_and_resumes_as_the_readme_says(cache_dir, tmp_path, capsys):
     """`imports=[path/my_agent.py] "agent.args={entry: my_agent:run}"`, the file in a folder of its
     own (not where the command runs): the module is importable by its name, in the run and in
-    `agentrl resume`."""
+    `agentrl resume`. The run is the CLI's entry point in this process; the resume, a process of its
+    own, imports the module afresh from what the run folder says."""
+    from agentrl.cli import main
+
     folder = tmp_path / "agents"
     folder.mkdir()
     (folder / "my_agent.py").write_text((ROOT / "examples" / "openai_frozen_lake.py").read_text())
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True,
-                              cwd=tmp_path, env=env, timeout=600)
-
-    res = cli("train", str(ROOT / "configs" / "frozen_lake.yaml"), *TINY, "trainer.save_freq=1",
-              f"imports=[{folder / 'my_agent.py'}]", "agent.type=openai", "agent.args={entry: my_agent:run}",
-              f"run_dir={run}", f"model.cache_dir={cache_dir}")
-    assert res.returncode == 0, res.stderr[-3000:]
-    res = cli("resume", str(run), "trainer.total_steps=3")
+    code = main(["train", str(ROOT / "configs" / "frozen_lake.yaml"), *TINY, "trainer.save_freq=1",
+                 f"imports=[{folder / 'my_agent.py'}]", "agent.type=openai", "agent.args={entry: my_agent:run}",
+                 f"run_dir={run}", f"model.cache_dir={cache_dir}"])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    res = subprocess.run([sys.executable, "-m", "agentrl.cli", "resume", str(run), "trainer.total_steps=3"],
+                         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -10,10 +10,13 @@ from agentrl.dumps import list_dumps, read_dump
 from agentrl.metrics import read_jsonl
 from helpers import bwrap_problem
 
-# (the warm start's lr as these shapes were tuned at; configs/tool_python.yaml's own is 1e-3)
+# (the warm start's lr as these shapes were tuned at; configs/tool_python.yaml's own is 1e-3; it plays
+# 10 batches of demonstrations and trains its 150 steps on them in turn: the configs' demo_pool of 100
+# plays 800 episodes, running the python sandbox 800 times, to teach the call's form these tests check)
 TINY = ["model.tiny.hidden_size=64", "model.tiny.num_hidden_layers=2", "model.tiny.intermediate_size=128",
         "model.tiny.vocab_size=400", "model.warm_start.max_steps=150", "model.warm_start.min_steps=150",
-        "model.warm_start.batch_size=8", "model.warm_start.lr=3e-3", "rollout.temperature=0.3",
+        "model.warm_start.batch_size=8", "model.warm_start.lr=3e-3", "model.warm_start.demo_pool=10",
+        "rollout.temperature=0.3",
         "rollout.batch_size=8", "rollout.group_size=4", "actor.ppo_mini_batch_size=8", "actor.micro_batch_size=4",
         "trainer.total_steps=2", "trainer.test_freq=2", "trainer.eval_episodes=4", "trainer.save_freq=0",
         "trainer.progress=false", "trainer.logger=[jsonl]", "trainer.dump_trajectories_freq=1"]
@@ -70,8 +73,10 @@ def test_tool_search_config_calls_the_search_tool(tmp_path):
 
 def test_tool_search_config_without_tools_is_the_no_tool_baseline(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
+    # (a short warm start: with no tools offered no call can run, whatever the model writes)
     run, rows = _train(tmp_path, "configs/tool_search.yaml", [
-        "agent.args.tools=[]", "trainer.total_steps=1", "trainer.test_freq=1", f"env.args.corpus_path={corpus}",
+        "agent.args.tools=[]", "model.warm_start.max_steps=20", "model.warm_start.min_steps=20",
+        "trainer.total_steps=1", "trainer.test_freq=1", f"env.args.corpus_path={corpus}",
         f"agent.args.tool_args.search.corpus={corpus}", f"agent.args.tool_args.search.cache_dir={tmp_path / 'index'}"])
     steps = [r for r in rows if "reward/mean" in r]
     assert steps and steps[0]["env/multihop/tools/calls"] == 0

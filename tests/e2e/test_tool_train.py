@@ -20,7 +20,10 @@ from helpers import bwrap_problem, segments
 
 # The warm start's one demonstration: a fixed call, learnt in a few steps (this run checks the
 # plumbing, not learning). With max_tool_calls=1 the first such reply runs the tool; the second,
-# with no calls left, is the answer the env grades.
+# with no calls left, is the answer the env grades. The warm start plays 4 batches (demo_pool)
+# and trains its 100 steps on them in turn: every demonstration is the same text, so more batches
+# would only run the sandbox more often (800 times instead of 32). (At 50 steps no sampled reply
+# was the demonstration verbatim.)
 DEMONSTRATION = '<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7)"}}\n</tool_call><answer>42</answer>'
 
 
@@ -58,7 +61,8 @@ def products_run(tmp_path_factory):
     cfg = load_config({"exp_name": "products", "env": {"max_turns": 1}}, [
         "model.tiny.hidden_size=64", "model.tiny.num_hidden_layers=2", "model.tiny.intermediate_size=128",
         "model.tiny.vocab_size=400", "model.warm_start.max_steps=100", "model.warm_start.min_steps=100",
-        "model.warm_start.batch_size=8", "rollout.temperature=0.3", "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_new_tokens=64",
+        "model.warm_start.batch_size=8", "model.warm_start.demo_pool=4", "rollout.temperature=0.3",
+        "rollout.batch_size=8", "rollout.group_size=4", "rollout.max_new_tokens=64",
         "actor.ppo_mini_batch_size=8", "actor.micro_batch_size=4", "trainer.total_steps=2", "trainer.test_freq=2",
         "trainer.eval_episodes=4", "trainer.save_freq=0", "trainer.progress=false", "trainer.logger=[jsonl]",
         "trainer.dump_trajectories_freq=1", "agent.type=tool", "agent.args.tools=[python]",

@@ -31,17 +31,18 @@ val_env_manager: {tags: [lake, sum], n_groups: [1, 1]}
 """
 
 
-def _run(tmp_path, name, *overrides):
+def _run(tmp_path, cache, name, *overrides):
     (tmp_path / "two_tags.yaml").write_text(TWO_TAGS)
     cfg = load_config(tmp_path / "two_tags.yaml", [*TINY, *overrides, f"run_dir={tmp_path / name}",
-                                                   f"model.cache_dir={tmp_path / 'cache'}"])
+                                                   f"model.cache_dir={cache}"])
     train(cfg, log=lambda m: None)
     return [r for r in _rows(tmp_path / name) if "loss/policy" in r]
 
 
-def test_drop_trains_on_the_episodes_that_were_not_truncated(tmp_path):
-    zero = _run(tmp_path, "zero")
-    drop = _run(tmp_path, "drop", "rollout.on_truncation=drop")
+def test_drop_trains_on_the_episodes_that_were_not_truncated(tmp_path, run_model_cache):
+    # every run here shares one warm start (the critic and on_truncation are not part of it)
+    zero = _run(tmp_path, run_model_cache, "zero")
+    drop = _run(tmp_path, run_model_cache, "drop", "rollout.on_truncation=drop")
     assert "rollout/dropped_truncated" not in zero[0]
     assert all(r["rollout/truncated_max_turns"] == 0.5 and r["rollout/kept_groups"] == 2 for r in zero)
     # Each step the lake's group (4 episodes, all truncated) leaves; the math group trains alone.
@@ -49,9 +50,9 @@ def test_drop_trains_on_the_episodes_that_were_not_truncated(tmp_path):
     assert all(r["rollout/truncated_max_turns"] == 0.0 and "env/lake/success" not in r for r in drop)
 
 
-def test_bootstrap_credits_truncated_episodes_with_the_critics_value(tmp_path):
-    zero = _run(tmp_path, "zero", *GAE)
-    boot = _run(tmp_path, "boot", *GAE, "rollout.on_truncation=bootstrap")
+def test_bootstrap_credits_truncated_episodes_with_the_critics_value(tmp_path, run_model_cache):
+    zero = _run(tmp_path, run_model_cache, "zero", *GAE)
+    boot = _run(tmp_path, run_model_cache, "boot", *GAE, "rollout.on_truncation=bootstrap")
     assert zero[0]["rollout/truncated_max_turns"] == 0.5
     # Step 1: the critic's fresh value head is zero, so there is nothing to bootstrap yet; the same
     # update follows. Step 2: the same episodes, and the truncated ones' targets take in the value.

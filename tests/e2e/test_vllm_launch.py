@@ -35,7 +35,7 @@ def test_a_run_starts_its_vllm_server_restarts_it_when_killed_and_stops_it(tmp_p
     run_dir = tmp_path / "run"
     # the env kills the server on the first reset after the first sync: step 2's first episode
     first_push = run_dir / "vllm" / "vllm-weights" / "policy-v1.safetensors"
-    done = agentrl("train", "configs/frozen_lake.yaml", *SMALL, f"run_dir={run_dir}", f"model.cache_dir={tmp_path}",
+    done = agentrl("train", "configs/frozen_lake.yaml", *SMALL, f"run_dir={run_dir}",
                    "engine.kind=vllm", f"engine.vllm.python={VLLM_PYTHON}", "engine.vllm.args=[--enforce-eager]",
                    f"imports=[{ROOT / 'tests' / 'e2e' / 'vllm_kill_env.py'}]", "env.type=server_killing_lake",
                    "runtime.restart_timeout=1800", env={"AGENTRL_TEST_KILL_AFTER": str(first_push)})
@@ -71,7 +71,7 @@ def test_a_server_that_never_comes_up_ends_the_run_in_one_line_naming_its_log(tm
     silent.write_text('#!/bin/sh\n[ "$4" = vllm.entrypoints.openai.api_server ] && exec sleep 600\nexit 0\n')
     silent.chmod(0o755)
     run_dir = tmp_path / "run"
-    done = agentrl("train", "configs/frozen_lake.yaml", *SMALL, f"run_dir={run_dir}", f"model.cache_dir={tmp_path}",
+    done = agentrl("train", "configs/frozen_lake.yaml", *SMALL, f"run_dir={run_dir}",
                    "engine.kind=vllm", f"engine.vllm.python={silent}", "engine.vllm.startup_timeout=2")
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]

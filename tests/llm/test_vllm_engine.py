@@ -26,8 +26,7 @@ import httpx
 import pytest
 import torch
 
-from agentrl.config import TinyModelConfig
-from agentrl.config import LoraConfig
+from agentrl.config import LoraConfig, TinyModelConfig
 from agentrl.errors import EngineError
 from agentrl.llm.engine import InferenceEngine, SamplingParams
 from agentrl.llm.remote.wire import span_versions
@@ -227,9 +226,9 @@ def test_a_reply_in_flight_across_a_sync_holds_ids_of_both_versions(served):
     assert sorted(set(versions)) == [before, after] and versions == sorted(versions)
     # ... and it trains: the decoupled loss weighs the old version's ids by pi_prox / pi_behaviour
     from agentrl.config import ActorConfig
-    from agentrl.trajectory import Trajectory
     from agentrl.train.actor import Actor
     from agentrl.train.batch import pack
+    from agentrl.trajectory import Trajectory
 
     n = len(PROMPT)
     reply = Trajectory(PROMPT + ids, [0] * n + [1] * len(ids), [0.0] * n + logprobs, [-1] * n + versions, [1.0],
@@ -358,10 +357,18 @@ def test_a_partial_rollout_run_on_vllm_loses_no_token_and_knows_every_version(st
         assert 0.0 <= r["rollout/replies_spanning_versions"] <= 1.0
 
 
+@pytest.fixture(scope="module")
+def lora_openai_run(server, tmp_path_factory):
+    """A LoRA run whose agent is written against the `openai` client only: one run for the two
+    tests below (the agent's requests reach vLLM through the run's engine, which names the adapter)."""
+    run_dir = tmp_path_factory.mktemp("vllm-run") / "lora-openai"
+    return run_dir, train(server, run_dir, "model.lora.rank=4", "model.lora.alpha=8", "actor.lr=0.05",
+                          "agent.type=openai", "agent.args.entry=examples/openai_frozen_lake:run")
+
+
 @needs_vllm
-def test_a_lora_run_pushes_adapters_vllm_then_generates_with(server, tmp_path):
-    run_dir = tmp_path / "lora"
-    rows = train(server, run_dir, "model.lora.rank=4", "model.lora.alpha=8", "actor.lr=0.05")
+def test_a_lora_run_pushes_adapters_vllm_then_generates_with(server, lora_openai_run):
+    run_dir, rows = lora_openai_run
     assert len(rows) == STEPS and all(0 <= r["policy/engine_probe_diff"] <= 1e-3 for r in rows)
     s = server[0]
     models = httpx.get(s.url + "/v1/models", headers={"Authorization": f"Bearer {s.api_key}"}).json()["data"]
@@ -371,9 +378,8 @@ def test_a_lora_run_pushes_adapters_vllm_then_generates_with(server, tmp_path):
 
 
 @needs_vllm
-def test_an_openai_client_agent_trains_on_vllm(server, tmp_path):
-    run_dir = tmp_path / "openai"
-    rows = train(server, run_dir, "agent.type=openai", "agent.args.entry=examples/openai_frozen_lake:run")
+def test_an_openai_client_agent_trains_on_vllm(server, lora_openai_run):
+    run_dir, rows = lora_openai_run
     assert len(rows) == STEPS and all(r["rollout/response_tokens"] > 0 for r in rows)
     served = served_outputs(server[0])
     assert all(tuple(ids) in served for _, ids, _ in trained_replies(run_dir))

@@ -167,18 +167,23 @@ def test_the_cli_refuses_a_bad_curriculum_in_one_line_with_exit_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_rule_from_imports_is_found_and_an_unknown_one_named_after_importing(tmp_path):
+def test_a_rule_from_imports_is_found_and_an_unknown_one_named_after_importing(tmp_path, capsys):
+    """`agentrl plan` through the CLI's entry point, in this process (the refusal's process exit is
+    the test above's): the unknown name first, so that the rule it suggests can only come from the
+    file that very command imported (this process registers it nowhere else)."""
+    from agentrl.cli import main
+
     module = tmp_path / "my_rules.py"
     module.write_text("from agentrl.registry import register_curriculum_rule\n"
                       "@register_curriculum_rule('hardest_first')\n"
                       "def hardest_first(estimate, seen, group_size):\n    return 1.0 - estimate\n")
-    plan = [sys.executable, "-m", "agentrl.cli", "plan", f"imports=[{module}]", "rollout.curriculum.enable=true",
-            f"run_dir={tmp_path / 'run'}"]
-    ok = subprocess.run([*plan, "rollout.curriculum.rule=hardest_first"], capture_output=True, text=True, cwd=ROOT,
-                        timeout=300)
-    assert ok.returncode == 0, ok.stderr[-2000:]
-    assert "by rule hardest_first" in ok.stdout + ok.stderr
-    bad = subprocess.run([*plan, "rollout.curriculum.rule=hardest"], capture_output=True, text=True, cwd=ROOT,
-                         timeout=300)
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0
-    assert "rollout.curriculum.rule: unknown curriculum rule 'hardest'. Did you mean 'hardest_first'?" in bad.stderr
+    plan = ["plan", f"imports=[{module}]", "rollout.curriculum.enable=true", f"run_dir={tmp_path / 'run'}"]
+    capsys.readouterr()
+    assert main([*plan, "rollout.curriculum.rule=hardest"]) == 2
+    bad = capsys.readouterr().err
+    assert bad.strip().count("\n") == 0
+    assert "rollout.curriculum.rule: unknown curriculum rule 'hardest'. Did you mean 'hardest_first'?" in bad
+    code = main([*plan, "rollout.curriculum.rule=hardest_first"])
+    ok = capsys.readouterr()
+    assert code == 0, ok.err[-2000:]
+    assert "by rule hardest_first" in ok.out + ok.err

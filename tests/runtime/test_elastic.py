@@ -37,9 +37,7 @@ def test_bad_scale_input_is_one_line_and_writes_nothing(tmp_path, capsys, target
     (lambda p: _run_folder(p, "local"), "is a runtime.kind=local run: only a Ray run (runtime.kind=ray) has engine"),
     (lambda p: _run_folder(p, "ray", "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]"),
      "generates on engine.kind=remote: only the Ray run's own engine replicas (engine.kind=local) are scaled"),
-    (lambda p: _run_folder(p, "ray", "rollout.max_staleness=1"),
-     "plays asynchronously (rollout.max_staleness=1): replicas are added and removed between on-policy steps"),
-], ids=["no-run", "local-run", "served", "async"])
+], ids=["no-run", "local-run", "served"])
 def test_scale_refuses_a_folder_without_a_ray_run_in_one_line(tmp_path, capsys, make, message):
     run = make(tmp_path / "run")
     assert cli.main(["scale", str(run), "engines=2"]) == 2
@@ -48,10 +46,11 @@ def test_scale_refuses_a_folder_without_a_ray_run_in_one_line(tmp_path, capsys, 
     assert not (run / "scale.json").exists()
 
 
-def test_scale_writes_the_request_a_ray_run_reads(tmp_path, capsys):
+@pytest.mark.parametrize("extra", [[], ["rollout.max_staleness=1"]], ids=["on-policy", "async"])
+def test_scale_writes_the_request_a_ray_run_reads(tmp_path, capsys, extra):
     from agentrl.runtime.ray.scale_file import read_request
 
-    run = _run_folder(tmp_path / "run", "ray")
+    run = _run_folder(tmp_path / "run", "ray", *extra)
     assert cli.main(["scale", str(run), "engines=3"]) == 0
     assert "for 3 engine replicas" in capsys.readouterr().out
     first = read_request(run)
@@ -136,7 +135,8 @@ def test_the_loop_starts_no_replica_that_would_reserve_nothing_and_logs_it_once(
     monkeypatch.setattr(ray, "remote", lambda cls: _Remote())  # a stand-in cluster: no Ray started here
     monkeypatch.setattr(ray, "get", lambda ref, **kwargs: ref)
     (tmp_path / "scale.json").write_text(json.dumps({"engines": 1000, "id": "a"}))
-    source = types.SimpleNamespace(engines=["engine-0"], engine_names=["engine-0"], managers=[], restart_timeout=1.0,
+    source = types.SimpleNamespace(engines=["engine-0"], engine_names=["engine-0"], managers=[], most_engines=1,
+                                   restart_timeout=1.0,
                                    transport=types.SimpleNamespace(name="object_store"),
                                    bring_up_to_date=lambda indices: None)
     spec = ElasticSpec(None, None, [Worker("actor_infer", 0, 0.0)], "t-", 0, None, 0, str(tmp_path), 1.0, False)

@@ -44,14 +44,11 @@ KIND_FILE = textwrap.dedent('''
 
 
 @pytest.fixture
-def kind_file(tmp_path):
+def kind_file(tmp_path, registries_restored):
     """The user's kind file, and afterwards no trace of it in this process's registry or modules."""
     path = tmp_path / "counted_engine_kind.py"
     path.write_text(KIND_FILE)
     yield path
-    from agentrl.registry import ENGINE_KINDS
-
-    ENGINE_KINDS._items.pop("counted_local", None)
     sys.modules.pop(path.stem, None)
     FILE_MODULES.discard(path.stem)
 

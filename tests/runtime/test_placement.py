@@ -33,14 +33,15 @@ def _cfg(*overrides):
      "runtime.actor_infer is set but engine.kind=remote generates on engine.urls"),
     ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "runtime.weight_sync=shm"],
      "runtime.weight_sync=shm with engine.kind=remote: weights reach the servers over HTTP"),
-    ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "model.lora.rank=8"],
-     "model.lora.rank=8 with engine.kind=remote: adapters are not sent to remote servers yet"),
-    (["engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "model.lora.rank=8"],
-     "model.lora.rank=8 with engine.kind=remote: adapters are not sent to remote servers yet"),
+    ([*RAY, "engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "engine.protocol=vllm",
+      "engine.weights_dir=/w", "model.lora.rank=8"],
+     "model.lora.rank=8 with engine.kind=remote needs engine.protocol=agentrl"),
+    (["engine.kind=remote", "engine.urls=[http://127.0.0.1:9]", "engine.protocol=sglang", "engine.weights_dir=/w",
+      "model.lora.rank=8"], "model.lora.rank=8 with engine.kind=remote needs engine.protocol=agentrl"),
     ([*RAY, "engine.kind=vllm", "engine.vllm.replicas=2"], "set runtime.actor_infer.world_size=2 instead"),
     ([*RAY, "engine.kind=vllm", "rollout.max_staleness=1"],
-     "rollout.max_staleness=1 with engine.kind=vllm and runtime.kind=ray: asynchronous rollout on Ray plays on its "
-     "own engine replicas"),
+     "rollout.max_staleness=1 with engine.kind=vllm and runtime.kind=ray: asynchronous rollout on Ray's own vLLM "
+     "replicas is not built yet"),
     ([*RAY, "engine.kind=vllm", "engine.vllm.weight_transfer=nccl"],
      "engine.vllm.weight_transfer=nccl broadcasts from trainer rank 0's GPU into the vLLM servers' GPUs"),
 ])

@@ -43,6 +43,21 @@ def _agentrl(*args, env=None):
                           env={**os.environ, "PYTHONPATH": path, **(env or {})}, timeout=600)
 
 
+def _in_process(capfd, *args):
+    """The CLI in this process, from the checkout (where the configs' paths start), its output caught
+    at the file descriptors (a log handler's or a library's writes too): a finished process's
+    (returncode, stdout, stderr). A process of its own costs seconds of imports; one `train` of
+    those below runs so, to show that nothing, not even an import's warning, comes before the plan."""
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        code = main(list(args))
+    finally:
+        os.chdir(here)
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
 @pytest.mark.parametrize("config", [_config_param(p) for p in sorted((ROOT / "configs").glob("*.yaml"))])
 def test_plan_of_every_shipped_config_says_what_the_run_is_made_of_and_builds_nothing(config, tmp_path, monkeypatch,
                                                                                       capsys):
@@ -84,8 +99,8 @@ def test_plan_takes_overrides_and_the_hydra_style_options_and_prints_json(capsys
     (["env.type=frozen_lak"], "unknown env type 'frozen_lak'. Did you mean 'frozen_lake'?"),
     (["model.path=/nonexistent/model/dir"], "model.path='/nonexistent/model/dir': no such directory"),
 ])
-def test_a_bad_config_is_one_line_and_exit_2(args, expected, tmp_path):
-    res = _agentrl("plan", "configs/frozen_lake.yaml", *args, f"model.cache_dir={tmp_path / 'cache'}")
+def test_a_bad_config_is_one_line_and_exit_2(args, expected, tmp_path, capfd):
+    res = _in_process(capfd, "plan", "configs/frozen_lake.yaml", *args, f"model.cache_dir={tmp_path / 'cache'}")
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and expected in lines[0], res.stderr[-2000:]
     assert res.stdout == "" and not (tmp_path / "cache").exists()
@@ -108,23 +123,24 @@ def test_an_estimator_of_the_earlier_positional_form_is_refused_when_the_run_is_
     assert res.stdout == "" and not (tmp_path / "cache").exists()
 
 
-def test_a_run_writes_the_plan_agentrl_plan_prints_and_logs_it_at_its_start(tmp_path):
+def test_a_run_writes_the_plan_agentrl_plan_prints_and_logs_it_at_its_start(tmp_path, capfd):
     """plan.json beside config.yaml equals `agentrl plan --json` of the same config, the run's
-    log opens with `agentrl plan`'s text, and a resume that changes the run's length rewrites it."""
+    log (a process of its own) opens with `agentrl plan`'s text, and a resume that changes the
+    run's length rewrites it."""
     run = tmp_path / "run"
     args = ["configs/frozen_lake.yaml", *TINY, f"run_dir={run}", f"model.cache_dir={tmp_path / 'cache'}"]
     res = _agentrl("train", *args)
     assert res.returncode == 0, res.stderr[-2000:]
-    shown = _agentrl("plan", *args)
+    shown = _in_process(capfd, "plan", *args)
     assert shown.returncode == 0 and shown.stderr == "", shown.stderr
     assert res.stderr.startswith(shown.stdout)  # logged first, before the warm start
     assert without_plan(res.stderr).strip().splitlines()[0].startswith("building the embedded tiny model")
-    as_json = _agentrl("plan", *args, "--json")
+    as_json = _in_process(capfd, "plan", *args, "--json")
     written = json.loads((run / "plan.json").read_text())
     assert written == json.loads(as_json.stdout) and written["schedule"]["total_steps"] == 2
     assert written["tags"]["frozen_lake"]["env_args"]["max_steps"] == 3
-    assert _agentrl("resume", str(run), "trainer.total_steps=3").returncode == 0
-    again = json.loads(_agentrl("plan", *args, "trainer.total_steps=3", "--json").stdout)
+    assert _in_process(capfd, "resume", str(run), "trainer.total_steps=3").returncode == 0
+    again = json.loads(_in_process(capfd, "plan", *args, "trainer.total_steps=3", "--json").stdout)
     assert json.loads((run / "plan.json").read_text()) == again and again["schedule"]["total_steps"] == 3
 
 

@@ -50,3 +50,31 @@ def test_a_run_scaled_1_2_1_mid_run_trains_every_step_on_the_current_policy(clus
     assert all(r.get("loss/policy") is not None for r in rows)
     assert [p["state"] for p in ray.util.placement_group_table().values() if p["state"] != "REMOVED"] == []
 
+
+
+def test_an_asynchronous_run_is_scaled_1_2_1_between_two_batches_and_trains_every_step(cluster, cache, tmp_path):
+    """COIN, rollout.max_staleness=1, 4 steps of 2 groups, one engine placed. The stream plays
+    steps 1-2 as its first batch (both admitted at version 0), then one step per batch; the env
+    asks for 2 replicas at its first episode (batch 1) and for 1 at its 17th (the first of batch
+    2). Each request is applied before the next batch starts, every env manager idle then: the
+    run reaches 2 replicas and ends on 1, trains every step within the staleness bound, fails no
+    episode, and every id it trains carries the version that produced it."""
+    model = _model(cache, COIN)
+    marker, run_dir = tmp_path / "marker", tmp_path / "run"
+    marker.mkdir()
+    cfg = load_config(None, [*COIN, f"model.path={model}", f"run_dir={run_dir}", "runtime.kind=ray",
+                             f"env.args.marker={marker}", f"env.args.run_dir={run_dir}",
+                             "env.args.scales=[[1, 2], [17, 1]]", "rollout.max_staleness=1",
+                             "rollout.stale_samples=correct", "trainer.total_steps=4"])
+    with open_run(cfg, log=lambda m: None) as run:
+        summary = run.fit()
+    assert summary["steps"] == 4
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    print("replicas per step:", [(r["ray/engine_replicas"], r["ray/engine_replicas_max"]) for r in rows])
+    assert max(r["ray/engine_replicas_max"] for r in rows) == 2.0 and rows[-1]["ray/engine_replicas"] == 1.0
+    assert all(r["rollout/staleness_max"] <= 1 for r in rows)
+    assert all(r["rollout/version_coverage"] == 1.0 for r in rows)
+    assert sum(r.get("rollout/failures_engine", 0) + r.get("rollout/failed_episodes", 0) for r in rows) == 0
+    assert all(r.get("loss/policy") is not None for r in rows)
+    assert [p["state"] for p in ray.util.placement_group_table().values() if p["state"] != "REMOVED"] == []

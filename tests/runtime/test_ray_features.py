@@ -124,12 +124,13 @@ FEATURES = {
     "curriculum": ("configs/frozen_lake.yaml", ["rollout.curriculum.enable=true", "rollout.curriculum.pool_size=4"],
                    "curriculum/unseen_tasks"),
     # the tool agent with the sandboxed python tool, run by the env managers (bubblewrap in their processes)
-    # (a model that has learnt the call's form: the shape and warm start of tests/e2e/test_tool_train.py)
+    # (a model that has learnt the call's form: the shape and warm start of tests/e2e/test_tool_train.py,
+    # on 8 played batches of demonstrations in turn: the config's demo_pool of 100 runs the sandbox 800 times)
     "tool_agent": ("configs/tool_python.yaml", [
         "env.max_turns=1", "env.args.min_operand=2", "env.args.max_operand=9", "model.tiny.hidden_size=64",
         "model.tiny.num_hidden_layers=2", "model.tiny.intermediate_size=128", "model.tiny.vocab_size=400",
         "model.warm_start.max_steps=100", "model.warm_start.batch_size=8", "model.warm_start.lr=3e-3",
-        "rollout.temperature=0.3",
+        "model.warm_start.demo_pool=8", "rollout.temperature=0.3",
         "agent.args.tool_args.python.timeout=20", "rollout.max_new_tokens=48"],
                    "env/products/tools/calls"),
 }

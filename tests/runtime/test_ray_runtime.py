@@ -40,6 +40,9 @@ TINY = ["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.ti
 COIN = [*TINY, "env.type=coin", "env.max_turns=1", "model.warm_start.max_steps=60", "rollout.batch_size=8",
         "rollout.group_size=4"]
 LAKE = [*TINY, "env.max_turns=3", "env.args.max_steps=3"]
+# configs/frozen_lake.yaml's runs whose metrics are compared: warm-started enough that rewards
+# differ within a group (so the loss is not 0), in 2 groups of 4.
+LAKE_WARM = [*LAKE, "model.warm_start.max_steps=60", "rollout.batch_size=8", "rollout.group_size=4"]
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +89,31 @@ def _rows(run_dir):
             for r in read_jsonl(run_dir / "metrics.jsonl")]
 
 
+def _fit_lake(cache, run_dir, kind, overrides, process_threads):
+    """`agentrl.api.fit` of configs/frozen_lake.yaml (LAKE_WARM and `overrides`) on runtime `kind`,
+    called from a process of `process_threads` torch threads, which it asserts the run gave back;
+    the run's summary."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(process_threads)
+    try:
+        summary = fit("configs/frozen_lake.yaml", overrides=[*LAKE_WARM, *overrides, f"model.cache_dir={cache}",
+                                                           f"run_dir={run_dir}", f"runtime.kind={kind}"],
+                      log=lambda m: None)
+        assert torch.get_num_threads() == process_threads
+    finally:
+        torch.set_num_threads(before)
+    return summary
+
+
+@pytest.fixture(scope="module")
+def lake_local(cache, tmp_path_factory):
+    """(run folder, summary) of the local run of configs/frozen_lake.yaml (LAKE_WARM), called from a
+    process of 2 torch threads: the one baseline that the Ray runs of that config compare to (it
+    does not depend on the caller's thread count: the run pins its own, runtime.num_threads)."""
+    run_dir = tmp_path_factory.mktemp("lake") / "local"
+    return run_dir, _fit_lake(cache, run_dir, "local", [], 2)
+
+
 def test_the_object_store_transport_round_trip(cluster):
     transport = ObjectStoreTransport()
     sent = {"w": torch.randn(3, 4), "b": torch.randn(4).to(torch.bfloat16), "tied": None}
@@ -103,22 +131,19 @@ def test_the_object_store_transport_round_trip(cluster):
     # its greedy baseline episode on Ray (the Ray source once left them out, silently)
     (1, ["runtime.num_threads=2", "algorithm.adv_estimator=remax"]),
 ], ids=["default", "num_threads=2-remax"])
-def test_the_local_and_ray_runtimes_log_identical_metrics(cluster, cache, tmp_path, process_threads, overrides):
+def test_the_local_and_ray_runtimes_log_identical_metrics(cluster, cache, tmp_path, request, process_threads,
+                                                        overrides):
     """configs/frozen_lake.yaml, warm-started here, 3 steps through `agentrl.api.fit` on each
     runtime, from a process whose own torch thread count is not the run's: every logged value but
-    the perf/ clocks is identical, and the caller's thread count is given back after each run."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(process_threads)
-    try:
-        for kind in ("local", "ray"):
-            fit("configs/frozen_lake.yaml", overrides=[*LAKE, "model.warm_start.max_steps=60", "rollout.batch_size=8",
-                                                       "rollout.group_size=4", *overrides, f"model.cache_dir={cache}",
-                                                       f"run_dir={tmp_path / kind}", f"runtime.kind={kind}"],
-                log=lambda m: None)
-            assert torch.get_num_threads() == process_threads
-    finally:
-        torch.set_num_threads(before)
-    local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "ray")
+    the perf/ clocks is identical, and the caller's thread count is given back after each run
+    (the default config's local run is the module's `lake_local`, called as this one's would be)."""
+    if overrides:
+        local_dir = tmp_path / "local"
+        _fit_lake(cache, local_dir, "local", overrides, process_threads)
+    else:
+        local_dir = request.getfixturevalue("lake_local")[0]
+    _fit_lake(cache, tmp_path / "ray", "ray", overrides, process_threads)
+    local, remote = _rows(local_dir), _rows(tmp_path / "ray")
     assert [r["step"] for r in remote] == [r["step"] for r in local] == [0, 1, 2, 3, 3]
     differ = [(theirs["step"], k) for mine, theirs in zip(remote, local) for k in mine.keys() | theirs.keys()
               if mine.get(k) != theirs.get(k)]
@@ -138,20 +163,25 @@ ENGINE_LOGPROB_KEYS = ("policy/logprob_diff_mean", "policy/logprob_diff_max")
 @pytest.mark.parametrize("config, overrides, transport", [
     (None, [*COIN, *PPO], "ray"),  # PPO with a critic and a KL loss to the reference, in actors of their own
     # multi-turn, warm-started enough that rewards differ within a group: sticky routing, prefix cache
-    ("configs/frozen_lake.yaml", [*LAKE, "model.warm_start.max_steps=60", "rollout.batch_size=8",
-                                  "rollout.group_size=4"], "http"),
+    ("configs/frozen_lake.yaml", LAKE_WARM, "http"),
 ], ids=["coin-ppo-ray", "frozen_lake-http"])
-def test_one_trainer_engine_and_env_manager_give_the_local_metrics(cluster, cache, tmp_path, config,
+def test_one_trainer_engine_and_env_manager_give_the_local_metrics(cluster, cache, tmp_path, request, config,
                                                                   overrides, transport):
     """The embedded model (shipped to the actors through the object store), 3 steps on an env
     whose rewards differ within a group, the engine reached by Ray actor calls or over HTTP
-    (runtime.engine_transport): every non-perf metric equals the local run's."""
+    (runtime.engine_transport): every non-perf metric equals the local run's (for
+    configs/frozen_lake.yaml, the module's `lake_local`: the same config and overrides)."""
     runs, logs = {}, []
-    for kind in ("local", "ray"):
-        cfg = load_config(config, [*overrides, f"model.cache_dir={cache}", f"run_dir={tmp_path / kind}",
-                                   f"runtime.kind={kind}", *([f"runtime.engine_transport={transport}"] * (kind == "ray"))])
-        runs[kind] = train(cfg, log=logs.append)
-    local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "ray")
+    if config is None:
+        local_dir = tmp_path / "local"
+        runs["local"] = train(load_config(config, [*overrides, f"model.cache_dir={cache}", f"run_dir={local_dir}",
+                                                   "runtime.kind=local"]), log=logs.append)
+    else:
+        local_dir, runs["local"] = request.getfixturevalue("lake_local")
+    cfg = load_config(config, [*overrides, f"model.cache_dir={cache}", f"run_dir={tmp_path / 'ray'}",
+                               "runtime.kind=ray", f"runtime.engine_transport={transport}"])
+    runs["ray"] = train(cfg, log=logs.append)
+    local, remote = _rows(local_dir), _rows(tmp_path / "ray")
     assert [r["step"] for r in remote] == [0, 1, 2, 3, 3]
     assert any(r.get("loss/policy") for r in local) and any(f"reaching the engines by {transport}" in m for m in logs)
     if transport == "ray":
@@ -168,22 +198,45 @@ def test_one_trainer_engine_and_env_manager_give_the_local_metrics(cluster, cach
 
 
 def test_two_trainer_ranks_update_as_one_and_a_dead_rank_stops_the_run_until_resume(cluster, cache, tmp_path, capsys):
-    """`agentrl train --config-path/--config-name` with actor_train.world_size=2: step 1's loss and
-    weights equal one worker's; rank 1 killed during step 2 stops the run with one line naming
-    it; `agentrl resume` finishes the run."""
+    """`agentrl train --config-path/--config-name` with actor_train.world_size=2, two env managers,
+    and an env from a file in `imports` (one Ray run and its resume prove both):
+
+    - step 1's loss and weights equal one worker's; rank 1 killed during step 2 stops the run with
+      one line naming it; `agentrl resume` finishes the run (to a longer trainer.total_steps);
+    - `imports=[path/my_coin.py]`: the driver and every actor (two env managers) import the file as
+      module `my_coin` (actors import it themselves: its registrations do not travel pickled);
+    - plan.json of the run equals `agentrl plan --json` of its config, the placement's workers and
+      bundles included, and the run logs the plan's text."""
     model = _model(cache, COIN)
-    local = load_config(None, [*COIN, f"model.path={model}", f"run_dir={tmp_path / 'local'}",
-                               "trainer.max_checkpoints=3"])
+    (tmp_path / "mine").mkdir()
+    module = tmp_path / "mine" / "my_coin.py"  # ray_envs: importable by the actors (tests/runtime is on their path)
+    module.write_text("from agentrl.registry import register_env\nfrom ray_envs import CoinEnv\n"
+                      "\n\n@register_env('my_coin')\nclass MyCoin(CoinEnv):\n    pass\n")
+    mine = [f"imports=[{module}]", "env.type=my_coin"]
+    # One step is all the comparison reads (the cosine schedule's first step has the full lr
+    # whatever the run's length); the Ray run is killed in its step 2 and resumed to its end.
+    local = load_config(None, [*COIN, *mine, f"model.path={model}", f"run_dir={tmp_path / 'local'}",
+                               "trainer.max_checkpoints=3", "trainer.total_steps=1"])
     train(local, log=lambda m: None)
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "coin.yaml").write_text("env:\n  type: coin\n  max_turns: 1\n")
     marker, run = tmp_path / "marker", tmp_path / "ray"
     marker.mkdir()
-    args = ["train", "--config-path", str(tmp_path / "cfg"), "--config-name", "coin", *COIN, f"model.path={model}",
-            f"run_dir={run}", "runtime.kind=ray", "runtime.actor_train.world_size=2", f"env.args.marker={marker}",
-            "env.args.kills={trainer_rank: 9}"]  # the 9th training episode's step: step 2
-    assert cli.main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
+    args = ["--config-path", str(tmp_path / "cfg"), "--config-name", "coin", *COIN, *mine, f"model.path={model}",
+            f"run_dir={run}", "runtime.kind=ray", "runtime.actor_train.world_size=2", "runtime.env_managers=2",
+            f"env.args.marker={marker}", "env.args.kills={trainer_rank: 9}",  # the 9th training episode's step: 2
+            "trainer.total_steps=2"]
+    assert cli.main(["plan", *args, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert cli.main(["plan", *args]) == 0
+    text = capsys.readouterr().out
+    assert cli.main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert json.loads((run / "plan.json").read_text()) == shown and text in err
+    assert shown["runtime"]["kind"] == "ray" and shown["warm_start"]["enabled"] is False
+    assert Counter(w["role"] for w in shown["runtime"]["placement"]["workers"]) == {
+        "actor_train": 2, "actor_infer": 1, "env_manager": 2}
+    err = err.strip().splitlines()[-1]
     assert err.startswith("agentrl: error: trainer rank 1 died") and f"agentrl resume {run}" in err, err
     assert "the newest checkpoint is step 1" in err
     ours, theirs = _rows(run), _rows(tmp_path / "local")
@@ -195,32 +248,6 @@ def test_two_trainer_ranks_update_as_one_and_a_dead_rank_stops_the_run_until_res
           f" (k_proj.bias, zero true gradient: {max(v for k, v in diffs.items() if 'k_proj.bias' in k):.3g}); "
           f"other weights {max(v for k, v in diffs.items() if 'k_proj.bias' not in k):.3g}")
     assert max(v for k, v in diffs.items() if "k_proj.bias" not in k) < 1e-5
-    assert cli.main(["resume", str(run)]) == 0
-    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3]
-
-
-def test_an_env_from_a_file_in_imports_trains_on_ray_writes_the_plan_and_resumes(cluster, cache, tmp_path, capsys):
-    """`imports=[path/my_lake.py]`: the driver and every actor (two env managers) import the file as
-    module `my_lake` (actors import it themselves: its registrations do not travel pickled).
-    plan.json of the run equals `agentrl plan --json` of its config, the placement's workers and
-    bundles included, and the run logs the plan's text; `agentrl resume` continues the run."""
-    (tmp_path / "mine").mkdir()
-    module = tmp_path / "mine" / "my_lake.py"
-    module.write_text("from agentrl.envs.frozen_lake import FrozenLakeEnv\nfrom agentrl.registry import register_env\n"
-                      "\n\n@register_env('my_lake')\nclass MyLake(FrozenLakeEnv):\n    pass\n")
-    run = tmp_path / "run"
-    args = ["configs/frozen_lake.yaml", *LAKE, f"model.path={_model(cache, LAKE)}", f"run_dir={run}",
-            "runtime.kind=ray", "runtime.env_managers=2", f"imports=[{module}]", "env.type=my_lake",
-            "trainer.total_steps=2"]
-    assert cli.main(["plan", *args, "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    assert cli.main(["plan", *args]) == 0
-    text = capsys.readouterr().out
-    assert cli.main(["train", *args]) == 0
-    assert json.loads((run / "plan.json").read_text()) == shown and text in capsys.readouterr().err
-    assert shown["runtime"]["kind"] == "ray" and shown["warm_start"]["enabled"] is False
-    assert Counter(w["role"] for w in shown["runtime"]["placement"]["workers"]) == {
-        "actor_train": 1, "actor_infer": 1, "env_manager": 2}
     assert cli.main(["resume", str(run), "trainer.total_steps=3"]) == 0
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r] == [1, 2, 3]
 

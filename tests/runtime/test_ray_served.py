@@ -73,6 +73,49 @@ def test_a_ray_run_on_a_remote_engine_gives_the_local_runs_metrics(cluster, cach
         [{k: v for k, v in r.items() if k not in ENGINE_LOGPROB_KEYS} for r in local[5:]]
 
 
+def _local_and_ray(served, cache, tmp_path, extra):
+    """The rows (perf/ aside) of a local run and a Ray run of SERVED + `extra` on the server `served`."""
+    for kind in ("local", "ray"):
+        cfg = load_config("configs/frozen_lake.yaml", [
+            *SERVED, *extra, f"model.cache_dir={cache}", f"run_dir={tmp_path / kind}", f"runtime.kind={kind}",
+            "engine.kind=remote", f"engine.urls=[{served}]", "engine.api_key=secret"])
+        train(cfg, log=lambda m: None)
+        assert httpx.get(served + "/health").json()["policy_version"] == 3  # version 0, then each of 3 updates
+    local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "ray")
+    assert [r["step"] for r in remote] == [r["step"] for r in local] == [0, 1, 2, 3, 3]
+    return local, remote
+
+
+def test_lora_on_a_remote_engine_gives_the_local_runs_metrics_on_ray(cluster, cache, served, tmp_path):
+    """LoRA with engine.kind=remote, once refused: version 0 is the base weights (which also clear
+    what an earlier run's adapters left on the server), then each update pushes the adapter to
+    the server's /agentrl/adapter route. On Ray every metric but perf/ equals the local run's (the
+    engine's own logprobs to the last float bits, as above), and the server generated with each
+    adapter the trainer pushed: its logprobs are the trainer's, to float noise."""
+    local, remote = _local_and_ray(served, cache, tmp_path, ["model.lora.rank=4", "model.lora.alpha=8",
+                                                              "actor.lr=0.05"])
+    assert any(r.get("loss/policy") for r in local) and [r.keys() for r in remote] == [r.keys() for r in local]
+    for mine, theirs in zip(remote, local):
+        assert {k: v for k, v in mine.items() if k not in ENGINE_LOGPROB_KEYS} == \
+            {k: v for k, v in theirs.items() if k not in ENGINE_LOGPROB_KEYS}
+        assert all(mine[k] == pytest.approx(theirs[k], abs=1e-6) for k in ENGINE_LOGPROB_KEYS if k in mine)
+    assert all(r["policy/logprob_diff_max"] < 1e-4 for r in local if "reward/mean" in r)
+
+
+def test_asynchronous_rollout_on_a_remote_engine_trains_on_ray_within_the_bound(cluster, cache, served, tmp_path):
+    """Asynchronous rollout with a served engine on Ray, once refused, trains every step within the
+    staleness bound, every trained id stamped with its version, nothing lost; the first evaluation
+    (before any update) equals the local run's. Not the later values: which group ends first on a
+    server follows its timing, locally as on Ray, and the stream admits groups as they end."""
+    local, remote = _local_and_ray(served, cache, tmp_path, ["rollout.max_staleness=1",
+                                                              "rollout.stale_samples=correct"])
+    assert remote[0] == local[0]
+    trained = [r for r in remote if "reward/mean" in r]
+    assert [r["step"] for r in trained] == [1, 2, 3] and all(r.get("loss/policy") is not None for r in trained)
+    assert all(r["rollout/staleness_max"] <= 1 and r["rollout/version_coverage"] == 1.0 for r in trained)
+    assert all(r["rollout/discarded_tokens/failed"] == 0 and r["rollout/failed_episodes"] == 0 for r in trained)
+
+
 # The embedded default, smaller (head size 32, as vLLM's CPU attention takes), 2 steps (tests/e2e/test_vllm_launch.py)
 VLLM_SMALL = ["model.tiny.num_hidden_layers=1", "model.tiny.vocab_size=300", "model.warm_start.max_steps=4",
               "model.warm_start.batch_size=4", "rollout.batch_size=4", "rollout.group_size=2",

@@ -85,15 +85,20 @@ def test_seed_agent_and_env_train_unchanged_through_the_cli(tmp_path, dataset, s
     assert all(s["reward"] in (1.0, 0.25) for s in samples if s["success"])
 
 
-def test_a_seed_env_without_a_dataset_fails_in_one_line_naming_the_setting(tmp_path):
-    res = _agentrl("train", f"imports=[{MODULE}]", "env.type=seed-no-dataset", "env.max_turns=2",
-                   "agent.type=seed-math-multi-turn", *TINY, "rollout.max_retries=0", f"run_dir={tmp_path / 'run'}",
-                   f"model.cache_dir={tmp_path / 'cache'}")
-    assert res.returncode == 2, res.stderr[-3000:]
-    last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("agentrl: error:") and "Traceback" not in res.stderr
+def test_a_seed_env_without_a_dataset_fails_in_one_line_naming_the_setting(tmp_path, capsys):
+    """(The CLI's entry point in this process, as tests/e2e/test_env_groups.py runs start-up errors;
+    an exception escaping it would fail the test itself.)"""
+    from agentrl.cli import main
+
+    code = main(["train", f"imports=[{MODULE}]", "env.type=seed-no-dataset", "env.max_turns=2",
+                 "agent.type=seed-math-multi-turn", *TINY, "rollout.max_retries=0", f"run_dir={tmp_path / 'run'}",
+                 f"model.cache_dir={tmp_path / 'cache'}"])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("agentrl: error:") and "Traceback" not in err
     assert "reset() gave no question" in last and "env.args.dataset_path" in last
-    assert "pack()" not in res.stderr
+    assert "pack()" not in err
 
 
 def test_an_agent_subclassing_a_seed_base_is_seed_style(seed_module):
@@ -399,15 +404,19 @@ def test_a_seed_agent_loading_its_tokenizer_trains_without_reaching_for_the_netw
     assert run_folder.is_dir() and len(AutoTokenizer.from_pretrained(run_folder)) == paths[-1]["vocab"]
 
 
-def test_a_seed_agent_loading_its_tokenizer_has_its_arguments_checked_before_any_model(tmp_path):
+def test_a_seed_agent_loading_its_tokenizer_has_its_arguments_checked_before_any_model(tmp_path, capsys):
     """The start-up check builds the agent on a stand-in tokenizer whose folder loads, so a
-    rejected argument is one line before the warm start, not after it."""
+    rejected argument is one line before the warm start, not after it (the CLI's entry point in
+    this process: the tests above start processes of their own)."""
+    from agentrl.cli import main
+
     module = tmp_path / "path_agent.py"
     module.write_text(PATH_AGENT)
-    res = _agentrl("train", f"imports=[{module}]", "env.type=say-yes", "agent.type=path-noting-agent",
-                   "agent.args.tries=0", *TINY, f"run_dir={tmp_path / 'run'}", f"model.cache_dir={tmp_path / 'cache'}")
-    lines = res.stderr.strip().splitlines()
-    assert res.returncode == 2 and len(lines) == 1, res.stderr[-3000:]
+    code = main(["train", f"imports=[{module}]", "env.type=say-yes", "agent.type=path-noting-agent",
+                 "agent.args.tries=0", *TINY, f"run_dir={tmp_path / 'run'}", f"model.cache_dir={tmp_path / 'cache'}"])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err[-3000:]
     assert "agent.args.tries=0 is rejected by agent type 'path-noting-agent'" in lines[0]
     assert "tries must be at least 1, got 0" in lines[0]
     assert not (tmp_path / "cache").exists()  # no model was built or warm-started

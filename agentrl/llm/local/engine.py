@@ -32,7 +32,7 @@ from agentrl.llm.local.kv_cache import SUPPORTED_LAYER_TYPES, SlotKVCache, atten
 from agentrl.llm.local.sampler import sample_next, stop_string_hit
 from agentrl.llm.local.scheduler import Request, Scheduler, Sequence, check_context
 from agentrl.llm.local.stats import EngineStats
-from agentrl.models.lora import is_adapter_state, load_adapter_state
+from agentrl.models.lora import is_adapter_state, load_adapter_state, strip_adapters
 from agentrl.tokenizer import Tokenizer
 
 
@@ -138,6 +138,10 @@ class LocalEngine:
                 if self.graphs is not None:  # the first push adds modules: capture again
                     self.graphs.invalidate()
             else:
+                if hasattr(self.model, "peft_config"):  # whole weights after adapters: the base model again
+                    self.model = strip_adapters(self.model)
+                    if self.graphs is not None:
+                        self.graphs.invalidate()
                 self.model.load_state_dict(state_dict)
             self.policy_version += 1
             if self.kv_on_weight_update == "recompute":

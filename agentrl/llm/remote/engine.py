@@ -32,10 +32,12 @@ from typing import Any
 
 import httpx
 
+from agentrl.atomic import write_atomic
 from agentrl.errors import EngineError
 from agentrl.llm.engine import Completion, SamplingParams, episode_key
 from agentrl.llm.remote.wire import WIRES, FolderWire, Wire
-from agentrl.llm.weights import save_file_atomic, save_model_folder, to_bytes
+from agentrl.llm.weights import adapter_to_bytes, save_file_atomic, save_model_folder, to_bytes
+from agentrl.models.lora import ADAPTER_CONFIG, is_adapter_state
 
 DOWN_SECONDS = 5.0  # a server that failed is tried again only after this long (unless all are down)
 MAX_ROUTES = 65536  # episodes remembered for sticky routing (least recently used forgotten)
@@ -176,15 +178,22 @@ class RemoteEngine:
         version = self.policy_version + 1 if version is None else version
         t0 = time.perf_counter()
         if self.wire.name == "agentrl":
+            adapter = is_adapter_state(state_dict)  # LoRA: the adapter travels, never the base
+            route = "/agentrl/adapter" if adapter else "/agentrl/weights"
+            data = adapter_to_bytes(state_dict, ADAPTER_CONFIG) if adapter else None
             if self.weights_dir is not None:  # a shared disk: write once, every server reads it
-                path = save_file_atomic(state_dict, self.weights_dir / f"policy-v{version}.safetensors")
-                self._each("post", "/agentrl/weights", json={"path": str(path.resolve()), "version": version})
-                for old in self.weights_dir.glob("policy-v*.safetensors"):
+                stem = "adapter" if adapter else "policy"
+                path = self.weights_dir / f"{stem}-v{version}.safetensors"
+                if data is None:
+                    save_file_atomic(state_dict, path)
+                else:
+                    write_atomic(path, data)
+                self._each("post", route, json={"path": str(path.resolve()), "version": version})
+                for old in self.weights_dir.glob(f"{stem}-v*.safetensors"):
                     if old != path:
                         old.unlink(missing_ok=True)
             else:
-                data = to_bytes(state_dict)
-                self._each("post", f"/agentrl/weights?version={version}", content=data,
+                self._each("post", f"{route}?version={version}", content=to_bytes(state_dict) if data is None else data,
                            headers={"content-type": "application/octet-stream"})
         else:
             assert self.weights_dir is not None, "vllm/sglang load weights from engine.weights_dir"

@@ -1,8 +1,9 @@
 """The wire formats `RemoteEngine` speaks: one small adapter per server kind.
 
 - `agentrl` (`agentrl serve`, tested): /agentrl/generate carries every SamplingParams field and
-  returns the server's per-id policy versions; weights go to /agentrl/weights as a safetensors
-  body or a path on a shared disk; prefix reset, metrics and the version have routes of their own.
+  returns the server's per-id policy versions; weights go to /agentrl/weights (a LoRA run's adapter
+  to /agentrl/adapter) as a safetensors body or a path on a shared disk; prefix reset, metrics and
+  the version have routes of their own.
 - `vllm` (run against vLLM 0.32's CPU build: llm/vllm/ and its tests): /inference/v1/generate
   (served with `--enable-scale-out`) with `token_ids` + `sampling_params` (`logprobs: 0` for the
   sampled token's logprob) returns `choices[0].token_ids`, `choices[0].logprobs.content[].logprob`

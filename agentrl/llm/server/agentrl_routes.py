@@ -4,11 +4,13 @@ policy version, the prefix cache, the engine's metrics), which always take a key
 ADMIN_ROUTES):
 
     POST /agentrl/generate, GET /agentrl/info                                  (add_agentrl_routes)
-    POST /agentrl/weights, /agentrl/state, /agentrl/reset_prefix_cache, /agentrl/metrics
-                                                                               (add_control_routes)
+    POST /agentrl/weights, /agentrl/adapter, /agentrl/state, /agentrl/reset_prefix_cache,
+    /agentrl/metrics                                                           (add_control_routes)
 
 New weights are checked whole (names, shapes, dtypes, finite values) before one tensor is copied,
-so a refused push changes nothing.
+so a refused push changes nothing. A LoRA run pushes its adapter instead (/agentrl/adapter: the
+tensors and their peft config, llm/weights.py), checked whole the same way against what that
+config gives the served model; the first one injects the adapter layers, later ones copy tensors.
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ from agentrl.llm.server.openai_schema import (
     parse,
 )
 from agentrl.llm.server.state import ServerState, admitted, check_model, read_json
-from agentrl.llm.weights import body_limit, check_fits, from_bytes, from_weights_dir, served_layout
+from agentrl.llm.weights import (
+    adapter_from_bytes,
+    body_limit,
+    check_fits,
+    from_bytes,
+    from_weights_dir,
+    served_layout,
+    weights_file,
+)
+from agentrl.models.lora import ADAPTER_CONFIG, check_adapter
 
 
 def add_agentrl_routes(app: FastAPI, state: ServerState) -> None:
@@ -65,6 +76,10 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
     async def weights(request: Request) -> Any:
         return {"policy_version": await receive_weights(state, request)}
 
+    @app.post("/agentrl/adapter")
+    async def adapter(request: Request) -> Any:
+        return {"policy_version": await receive_weights(state, request, adapter=True)}
+
     @app.post("/agentrl/state")
     async def set_state(request: Request) -> dict[str, Any]:
         req = parse(StateRequest, await read_json(request, cfg))
@@ -85,33 +100,41 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
         return {"metrics": await state.call(state.engine.pop_metrics)}
 
 
-async def receive_weights(state: ServerState, request: Request) -> int:
+async def receive_weights(state: ServerState, request: Request, adapter: bool = False) -> int:
     """Load the weights a request brings (a file of serve.weights_dir named in JSON, or a
-    safetensors body with ?version=N), checked whole first; the policy version now served."""
+    safetensors body with ?version=N), checked whole first; the policy version now served.
+    `adapter`: a LoRA adapter state (llm/weights.py) rather than the whole model's."""
     cfg = state.cfg
     check_model(state, None)
     model = getattr(state.engine, "model", None)
     if model is None:
         raise RequestError(400, "this engine takes no weights over HTTP (it serves no in-process model)")
     layout = await state.call(served_layout, model)
-    limit = min(cfg.max_weights_bytes, body_limit(layout))
+    limit = min(cfg.max_weights_bytes, body_limit(layout))  # an adapter is never larger than its model
     if media_type(dict(request.scope["headers"])) == JSON:
         req = parse(WeightsRequest, await read_json(request, cfg))
         if cfg.weights_dir is None:
             raise RequestError(403, "this server takes weights in the request body only; to load files, start "
                                     "it with serve.weights_dir=FOLDER (the run's engine.weights_dir)", "path")
-        version, load = req.version, (lambda: from_weights_dir(req.path, cfg.weights_dir, limit))
+        folder = cfg.weights_dir
+        version = req.version
+        load = (lambda: adapter_from_bytes(weights_file(req.path, folder, limit).read_bytes(), ADAPTER_CONFIG)) \
+            if adapter else (lambda: from_weights_dir(req.path, folder, limit))
     else:  # application/octet-stream (the Guard let nothing else through)
         raw = request.query_params.get("version", "")
         if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
             raise RequestError(400, "a weights body needs ?version=N (the new policy version)", "version")
         data = await read_body(request, limit, cfg.idle_timeout, "the served model's weights in their dtype or "
                                                                  "float32, and serve.max_weights_bytes")
-        version, load = int(raw), (lambda: from_bytes(data))
+        version = int(raw)
+        load = (lambda: adapter_from_bytes(data, ADAPTER_CONFIG)) if adapter else (lambda: from_bytes(data))
 
     def checked() -> dict[str, Any]:
         tensors = load()
-        check_fits(layout, tensors)
+        if adapter:
+            check_adapter(model, tensors)
+        else:
+            check_fits(layout, tensors)
         return tensors
     try:
         tensors = await asyncio.to_thread(checked)

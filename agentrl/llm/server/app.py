@@ -8,8 +8,9 @@ and per-episode sessions for agents written against the `openai` client.
     POST /inference/v1/generate         vLLM's token-in/token-out route
     POST /agentrl/generate              token ids in, Completion out (every SamplingParams field, per-id versions)
     POST /agentrl/weights               new weights: JSON {path, version} or a safetensors body (?version=N)
+    POST /agentrl/adapter               a LoRA run's new adapter, in the same two forms (its peft config inside)
     GET  /agentrl/info | POST /agentrl/state | /agentrl/reset_prefix_cache | /agentrl/metrics
-    (weights, state, reset and metrics change the server: they always take a key, guard.py)
+    (weights, adapter, state, reset and metrics change the server: they always take a key, guard.py)
     POST /sessions, GET|DELETE /sessions/<id>, POST /sessions/<id>/reward,
          /sessions/<id>/v1/models, /sessions/<id>/v1/chat/completions
 

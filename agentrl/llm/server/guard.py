@@ -1,7 +1,7 @@
 """What a request must show before a route of the server runs, and how long it may take.
 
 - **Keys.** Every route but /health takes `serve.api_key` when one is set. The control routes
-  (`ADMIN_ROUTES`: weights, state, prefix cache, metrics), which change what the server serves,
+  (`ADMIN_ROUTES`: weights, adapter, state, prefix cache, metrics), which change what the server serves,
   always take a key: `serve.api_key`, or when none is set the admin key made at start-up
   (`agentrl serve` writes it to its run folder and prints where). Loopback is no boundary: any
   process of the machine, and any web page its browser shows, can reach 127.0.0.1.
@@ -44,6 +44,7 @@ OPEN_PATHS = ("/health",)  # answered without any key (load balancers, readiness
 JSON, BINARY = "application/json", "application/octet-stream"
 ADMIN_ROUTES = {  # the routes that change the server -> the Content-Types their body may have ("": none)
     "/agentrl/weights": (JSON, BINARY),
+    "/agentrl/adapter": (JSON, BINARY),
     "/agentrl/state": (JSON,),
     "/agentrl/reset_prefix_cache": (JSON, ""),  # these two read no body
     "/agentrl/metrics": (JSON, ""),

@@ -2,7 +2,9 @@
 
 The user asks through the run folder (runtime/ray/scale_file.py: `agentrl scale RUN_DIR engines=N`,
 `RayRun.scale(n)`); trainer rank 0 applies the request at the start of a step's collection, the
-step boundary where on-policy no episode is in flight, before any episode of the step starts:
+step boundary where on-policy no episode is in flight, before any episode of the step starts (an
+asynchronous run, rollout.max_staleness >= 1: before each batch of groups the stream starts,
+when every env manager is idle; runtime/ray/stream.py):
 
 - Growing. Replica i goes back into its own bundle of the run's placement group when i <
   runtime.actor_infer.world_size (one removed earlier left it reserved), else into a placement
@@ -26,7 +28,8 @@ step boundary where on-policy no episode is in flight, before any episode of the
 
 A broadcast group (weight_sync nccl) cannot grow or shrink: after the first change weights go by
 the object store, as do those of `shm` while a replica sits off rank 0's node. The count is logged
-as ray/engine_replicas at every step (runtime/ray/source.py).
+as ray/engine_replicas at every step, and the most there were since the previous step as
+ray/engine_replicas_max (runtime/ray/source.py).
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ class ElasticEngines:
         else:
             self._shrink(wanted)
         now = len(self.source.engines)
+        self.source.most_engines = max(self.source.most_engines, now)
         if now != wanted:
             self.failed = rid
         if now != before:

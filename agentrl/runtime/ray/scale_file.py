@@ -64,10 +64,6 @@ def check_ray_run(run_dir: Path, engines: int | None = None) -> None:
     if engine_kind(cfg.engine.kind).served:
         raise ConfigError(f"{run_dir} generates on engine.kind={cfg.engine.kind}: only the Ray run's own engine "
                           "replicas (engine.kind=local) are scaled; start or stop the servers yourself")
-    if cfg.rollout.max_staleness:
-        raise ConfigError(f"{run_dir} plays asynchronously (rollout.max_staleness={cfg.rollout.max_staleness}): "
-                          "replicas are added and removed between on-policy steps only (not built for a stream "
-                          "of groups in flight yet)")
     infer = cfg.runtime.actor_infer
     if isinstance(engines, int) and engines > infer.world_size and not infer.num_cpus and not infer.device_mapping:
         raise ConfigError(f"engines={engines}: {run_dir} runs its engines with runtime.actor_infer.num_cpus=0 on CPU, "

@@ -96,6 +96,7 @@ class RaySource:
         self._gone: set[int] = set()  # env managers that died for good: later steps split among the rest
         self._down: set[int] = set()  # env managers seen dead and not yet seen back: one restart each
         self.elastic: Any = None  # runtime/ray/elastic.py: replicas added or removed at step boundaries
+        self.most_engines = len(engines)  # the most replicas at once since the metrics were last read
 
     @property
     def policy_version(self) -> int:
@@ -151,6 +152,10 @@ class RaySource:
         out["perf/ray_restarts_env_manager"] = s["manager_restarts"]
         if per_replica:  # (served engines: replicas of theirs, not these)
             out["ray/engine_replicas"] = float(len(self.engines))
+            # An asynchronous run adds and removes replicas between batches, several of which may
+            # play between two reads: the most there were, so that none goes unseen.
+            out["ray/engine_replicas_max"] = float(max(self.most_engines, len(self.engines)))
+            self.most_engines = len(self.engines)
             # A replica that served nothing this step shows as 0 (say, more replicas than episodes).
             out["ray/engine_requests_min"] = min(m.get("perf/engine_requests", 0.0) for m in per_replica)
         self._stats = dict.fromkeys(self._stats, 0.0)

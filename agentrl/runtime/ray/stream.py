@@ -11,7 +11,9 @@ the resume rule are the local ones, not a copy of them.
   engines while it plays (the stream applies weight pushes, evaluations and the rest between
   two batches), so with one env manager and one replica each group is played as the local run
   plays it: the same engine batches, the same finishing order, the same values; with more, the
-  schedule is still a function of the config and seed. A manager that dies costs the groups it
+  schedule is still a function of the config and seed. Between two batches is also where
+  engine replicas are added or removed as the run folder asks (`agentrl scale`,
+  runtime/ray/elastic.py), as on-policy runs do at a step boundary. A manager that dies costs the groups it
   had not handed back one attempt each, and they are replayed once Ray has restarted it, as
   on-policy (`RaySource`'s job handling).
 - `ReplicaEngine` is what the stream sees as its engine: a weight push goes to every replica
@@ -66,6 +68,8 @@ class ManagerCollector:
     async def astream(self, groups: list[list[Task]]) -> AsyncIterator[tuple[int, CollectResult]]:
         """Play a batch of groups on the env managers; yields (position in `groups`, result) in a
         fixed order: the first group each manager finished, in manager order, then the second..."""
+        if self.source.elastic is not None:  # every manager is idle and no episode in flight: the boundary
+            self.source.elastic.at_boundary()
         live = self.source._live_managers()
         n = len(groups)
         blocks = [list(range(k * n // len(live), (k + 1) * n // len(live))) for k in range(len(live))]
@@ -201,7 +205,10 @@ class ReplicaEngine:
 
     def reset_prefix_cache(self) -> bool:
         """Every replica forgets its cached prefixes, and the counters of the work they held
-        (perf/ only); False: there are none left here to drop."""
+        (perf/ only); False: there are none left here to drop. Served engines: the servers drop
+        theirs, as the local run's engine on them does (True: their counters are to be popped)."""
+        if self.source.served is not None:
+            return bool(self.source.served.engine.reset_prefix_cache())
         self.source._on_engines("forget")
         return False
 

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from agentrl.llm.engine import InferenceEngine
-from agentrl.llm.local.engine import LocalEngine
 from agentrl.models.loading import DTYPES
 from agentrl.runtime.assembly.plan_types import EngineKind, RunPlan
 from agentrl.tokenizer import Tokenizer
@@ -21,6 +20,10 @@ class LocalKind(EngineKind):
 
     def make(self, run_plan: RunPlan, model: Any, tokenizer: Tokenizer, device: torch.device) -> InferenceEngine:
         """A copy of `model` on `device` in the run's dtype, served by a `LocalEngine`."""
+        # Imported here: the engine pulls in transformers' model stack (seconds), which `agentrl plan`
+        # and every refusal of a bad config, made before any model, never need.
+        from agentrl.llm.local.engine import LocalEngine
+
         engine_model = copy.deepcopy(model).to(device=device, dtype=DTYPES[run_plan.model.dtype])
         return LocalEngine.from_config(engine_model, tokenizer, run_plan.engine, run_plan.rollout.max_model_len,
                                        seed=run_plan.seed)

@@ -12,6 +12,7 @@ from agentrl.errors import ConfigError
 from agentrl.llm.engine import InferenceEngine
 from agentrl.llm.remote.engine import RemoteEngine, server_info
 from agentrl.models.embedded import fingerprint
+from agentrl.models.lora import base_state
 from agentrl.runtime.assembly.engines import check_servers
 from agentrl.runtime.assembly.plan_types import EngineKind, RunPlan
 from agentrl.tokenizer import Tokenizer
@@ -46,7 +47,7 @@ class RemoteKind(EngineKind):
         engine = RemoteEngine(e.urls, e.protocol, api_key=key, timeout=e.request_timeout, max_retries=e.max_retries,
                               weights_dir=e.weights_dir, model_config=getattr(model, "config", None),
                               seed=run_plan.seed)
-        engine.load_weights({k: v.detach() for k, v in model.state_dict().items()}, version=0)
+        engine.load_weights(base_state(model), version=0)  # LoRA: the adapters follow with the first update
         return engine
 
     def to_dict(self, run_plan: RunPlan) -> dict[str, Any]:
