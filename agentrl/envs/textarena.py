@@ -13,7 +13,10 @@ The model's reply goes to TextArena's `step` as it is, through the id's own acti
 (`ActionFormattingWrapper` for most: a reply with no square bracket is wrapped in one, so `7`
 becomes `[7]`). The game parses it (its bracket format: `[5]`, `[up]`, `[A C]`, `[3 2]`). A reply
 it cannot parse is TextArena's invalid move: the first one is a warning in the next observation
-(no turn is spent), a second in a row ends the episode with the game's partial reward.
+(no turn is spent), a second in a row ends the episode with the game's partial reward. A reply on
+which the game itself raises (Guess the Number's `int()` of a bracketed number of 4,301 digits) is
+given to the game as an empty move instead, which every game reads as an invalid one, so a reply
+never fails the episode.
 
 ## Observation format
 What TextArena's observation wrapper for the id shows player 0 (`LLMObservationWrapper` for most:
@@ -173,7 +176,10 @@ class TextArenaEnv:
         if self._done:
             raise EnvError("textarena: step() called on a finished episode; call reset() first")
         with self._random.active():
-            done, _ = self._env.step(action if isinstance(action, str) else "")
+            try:
+                done, _ = self._env.step(action if isinstance(action, str) else "")
+            except Exception:  # noqa: BLE001 (a game's own parsing failed on the reply: see Action format)
+                done, _ = self._env.step("")
             obs = self._observe()
             if not done:
                 return obs, 0.0, False, False, {}

@@ -80,6 +80,18 @@ async def test_a_win_succeeds_and_terminates():
         await env.step("[1]")
 
 
+async def test_a_reply_the_game_itself_cannot_read_is_an_invalid_move():
+    """Found by the fuzz test: Guess the Number raises on `int()` of a bracketed 4,301-digit number
+    (Python's digit limit); the reply is then the game's invalid move, twice in a row the end."""
+    env = TextArenaEnv(game="GuessTheNumber-v0")
+    await env.reset(seed=0)
+    huge = "[" + "0" * 4301 + "]"
+    obs, reward, terminated, truncated, _ = await env.step(huge)
+    assert not terminated and "invalid move" in obs
+    obs, reward, terminated, truncated, info = await env.step(huge)
+    assert terminated and not truncated and info["success"] is False and info["metrics"]["invalid_move"] == 1.0
+
+
 async def test_each_env_owns_its_random_numbers():
     """TextArena seeds and draws from the global generator; concurrent envs must not share it, nor disturb ours."""
     moves = ["[up]", "[down]", "[left]", "[right]"] * 3
