@@ -188,35 +188,45 @@ def test_a_refused_weights_file_leaves_the_old_weights_serving(served):
 REPLY = 1900  # ids of the spanning reply: as long as the served model's context allows (2,048)
 
 
+def _sampled_ids(control) -> float:
+    """How many ids the server has sampled since it started (its Prometheus counter)."""
+    text = control.http.get(control.url + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
 def _reply_across_a_sync(engine, model, seed):
-    """A 1,900-id streamed reply with a weight push after its first ids: (ids, logprobs, per-id
-    versions, the pushed version, the pushed model)."""
+    """A 1,900-id reply with a weight push after its first ids: (ids, logprobs, per-id versions,
+    the pushed version, the pushed model)."""
     control = engine.controls[0]
-    # min_tokens keeps the reply going long after the push (EOS cannot end it early).
-    body = {"token_ids": PROMPT, "stream": True, "sampling_params": {
+    # min_tokens keeps the reply going long after the push (EOS cannot end it early). Not streamed:
+    # a stream's chunks reach this client late on a loaded machine (the server's process formats
+    # and logs each one), while the server's counter moves with the engine's steps.
+    body = {"token_ids": PROMPT, "sampling_params": {
         "max_tokens": REPLY, "min_tokens": REPLY, "seed": seed, "logprobs": 0, "detokenize": False}}
     new = perturbed(model, seed=6 + 10 * (seed - 4))
-    ids, logprobs, spans, after = [], [], None, None
-    with control.http.stream("POST", control.url + "/inference/v1/generate", json=body) as resp:
-        lines = (line for line in resp.iter_lines() if line.startswith("data: ") and line != "data: [DONE]")
-        for n, line in enumerate(lines):
-            choice = httpx.Response(200, content=line[6:]).json()["choices"][0]
-            ids += choice.get("token_ids") or []
-            logprobs += [c["logprob"] for c in (choice.get("logprobs") or {}).get("content") or []]
-            spans = choice.get("weight_versions") or spans
-            if n == 0:  # ids of the old version exist: freeze the reply at once (one round trip), then
-                control.pause("keep")  # sync (writing the weights file may take seconds on a busy disk)
-                after = engine.load_weights(new.state_dict())  # pause keep, push, resume
-    return ids, logprobs, span_versions(spans, len(ids)), after, new
+    before = _sampled_ids(control)
+    answer: dict = {}
+    thread = threading.Thread(target=lambda: answer.update(resp=httpx.post(
+        control.url + "/inference/v1/generate", json=body, headers=control.http.headers, timeout=600)))
+    thread.start()
+    while _sampled_ids(control) == before and thread.is_alive():
+        time.sleep(0.002)  # polling for the reply's first ids, not a bound on anything
+    control.pause("keep")  # ids of the old version exist: freeze the reply (one round trip), then
+    after = engine.load_weights(new.state_dict())  # sync (pause keep, push, resume)
+    thread.join()
+    choice = answer["resp"].json()["choices"][0]
+    ids = choice["token_ids"]
+    logprobs = [c["logprob"] for c in choice["logprobs"]["content"]]
+    return ids, logprobs, span_versions(choice["weight_versions"], len(ids)), after, new
 
 
 @needs_vllm
 def test_a_reply_in_flight_across_a_sync_holds_ids_of_both_versions(served):
     engine, model = served
-    # What this leaves to timing: one HTTP round trip (the pause) against the 1,899 ids still to
-    # sample; vLLM has no hook to hold a request at a given id. A reply that finished before the
-    # pause landed (seen on a loaded machine with 900 ids: the client read its first chunk late) is
-    # played again with another seed, at most 5 times.
+    # What this leaves to timing: two HTTP round trips (the counter's read, the pause) against the
+    # 1,899 ids still to sample; vLLM has no hook to hold a request at a given id. A reply that
+    # finished before the pause landed is played again with another seed, at most 5 times.
     for attempt in range(5):
         before = engine.policy_version
         ids, logprobs, versions, after, new = _reply_across_a_sync(engine, model, seed=4 + attempt)
