@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from agentrl.errors import ConfigError, shown
+
+T = TypeVar("T")
 
 # Rewards beyond this are typos: a few summed in float32 losses would overflow to inf.
 REWARD_MAX = 1e6
@@ -38,6 +41,15 @@ def check_arg(env: str, ok: bool, name: str, value: Any, allowed: str) -> None:
     """Raise a ConfigError naming the env's argument, its value and what is allowed."""
     if not ok:
         raise ConfigError(f"{env}: {name}={shown(value)} is invalid; {name} must be {allowed}")
+
+
+def built(what: str, make: Callable[[], T]) -> T:
+    """`make()`; whatever it raises becomes a one-line ConfigError: "`what` failed: Type: first line"."""
+    try:
+        return make()
+    except Exception as e:
+        first = next((line.strip() for line in str(e).splitlines() if any(c.isalnum() for c in line)), "")
+        raise ConfigError(f"{what} failed: {type(e).__name__}: {first}") from None
 
 
 def import_extra(module: str, extra: str, who: str) -> Any:

@@ -70,6 +70,7 @@ from typing import Any
 import numpy as np
 
 from agentrl.envs.args import check_arg, import_extra, is_count
+from agentrl.envs.references import PerSeeds
 from agentrl.errors import ConfigError, EnvError, did_you_mean, shown
 from agentrl.registry import register_env
 
@@ -182,7 +183,8 @@ class GemEnv:
         with self._random.active():  # GEM's constructor resets, drawing from the globals
             self._gem = make_gem(env_id, self.kwargs)
         self._done = True
-        self._baselines: dict[tuple[int, ...], float] = {}
+        self._references = PerSeeds(lambda seeds: {
+            "random": random_policy_success(self.env_id, self.kwargs, seeds, self.baseline_plays)})
 
     @property
     def max_turns(self) -> int | None:
@@ -236,12 +238,7 @@ class GemEnv:
 
     def eval_baselines(self, trajectories: list) -> dict[str, float]:
         """GEM's random policy on the evaluated seeds (see Reference in the module docstring)."""
-        seeds = tuple(sorted(t.env_seed for t in trajectories))
-        if not seeds:
-            return {}
-        if seeds not in self._baselines:
-            self._baselines[seeds] = random_policy_success(self.env_id, self.kwargs, seeds, self.baseline_plays)
-        return {"random": self._baselines[seeds]}
+        return self._references(trajectories)
 
     def close(self) -> None:
         """End the episode (GEM's games hold nothing to release)."""

@@ -68,7 +68,8 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.envs.args import REWARD_MAX, check_arg, import_extra, is_count, is_reward
+from agentrl.envs.args import REWARD_MAX, built, check_arg, import_extra, is_count, is_reward
+from agentrl.envs.references import PerSeeds
 from agentrl.envs.text import answer_content
 from agentrl.errors import ConfigError, EnvError, did_you_mean, shown
 from agentrl.registry import register_env
@@ -102,12 +103,7 @@ def make_minigrid(env_id: str, kwargs: dict[str, Any]) -> Any:
                           f"{did_you_mean(env_id, ids)} E.g. BabyAI-GoToObj-v0, MiniGrid-Empty-5x5-v0")
     import gymnasium as gym
 
-    try:
-        return gym.make(env_id, **kwargs)
-    except Exception as e:
-        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
-        raise ConfigError(f"minigrid: gymnasium.make({shown(env_id)}, **{shown(kwargs)}) failed: "
-                          f"{type(e).__name__}: {first}") from None
+    return built(f"minigrid: gymnasium.make({shown(env_id)}, **{shown(kwargs)})", lambda: gym.make(env_id, **kwargs))
 
 
 def parse_action(reply: str) -> int | None:
@@ -191,7 +187,8 @@ class MiniGridTextEnv:
             "toggle (open) or done, as <answer>action</answer>.")
         self._obs: dict[str, Any] | None = None
         self._steps, self._done = 0, True
-        self._baselines: dict[tuple[int, ...], dict[str, float]] = {}
+        self._references = PerSeeds(lambda seeds: reference_success(self.env_id, self.kwargs, seeds,
+                                                                    self.baseline_plays))
 
     @property
     def unwrapped(self) -> Any:
@@ -257,12 +254,7 @@ class MiniGridTextEnv:
 
     def eval_baselines(self, trajectories: list) -> dict[str, float]:
         """The random policy's and (BabyAI) the scripted bot's success on the evaluated seeds."""
-        seeds = tuple(sorted(t.env_seed for t in trajectories))
-        if not seeds:
-            return {}
-        if seeds not in self._baselines:
-            self._baselines[seeds] = reference_success(self.env_id, self.kwargs, seeds, self.baseline_plays)
-        return dict(self._baselines[seeds])
+        return self._references(trajectories)
 
     def close(self) -> None:
         """End the episode and close MiniGrid's env."""

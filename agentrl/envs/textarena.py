@@ -70,8 +70,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.envs.args import check_arg, import_extra, is_count
+from agentrl.envs.args import built, check_arg, import_extra, is_count
 from agentrl.envs.gem import OwnRandom
+from agentrl.envs.references import PerSeeds
 from agentrl.errors import ConfigError, EnvError, did_you_mean, shown
 from agentrl.registry import register_env
 
@@ -96,11 +97,7 @@ def make_game(game: str, kwargs: dict[str, Any]) -> Any:
     if game not in ENV_REGISTRY:
         raise ConfigError(f"textarena: game={shown(game)} is not in TextArena's registry."
                           f"{did_you_mean(game, ENV_REGISTRY)} Single-player games: {', '.join(KNOWN_SINGLE)}")
-    try:
-        return ta.make(game, **kwargs)
-    except Exception as e:
-        raise ConfigError(f"textarena: textarena.make({shown(game)}, **{shown(kwargs)}) failed: "
-                          f"{type(e).__name__}: {_first_line(e)}") from None
+    return built(f"textarena: textarena.make({shown(game)}, **{shown(kwargs)})", lambda: ta.make(game, **kwargs))
 
 
 def _first_line(e: BaseException) -> str:
@@ -132,7 +129,7 @@ class TextArenaEnv:
         self._env: Any = None
         self._shown, self._text = "", ""  # this episode's text shown so far; the wrapper's text last seen
         self._done = True
-        self._baselines: dict[tuple[int, ...], dict[str, float]] = {}
+        self._references = PerSeeds(self._reference_success)
         self._check_single_player()
 
     def _check_single_player(self) -> None:
@@ -210,16 +207,14 @@ class TextArenaEnv:
 
     def eval_baselines(self, trajectories: list) -> dict[str, float]:
         """The random policy, and the scripted solver where there is one, on the evaluated seeds."""
-        seeds = tuple(sorted(t.env_seed for t in trajectories))
-        if not seeds:
-            return {}
-        if seeds not in self._baselines:
-            env = TextArenaEnv(self.game, self.kwargs)
-            refs = {"random": policy_success(env, env.sample_action, seeds, self.baseline_plays)}
-            if isinstance(unwrapped(env._env), _bisectable()):
-                refs["bisect"] = policy_success(env, env.bisect_action, seeds, 1)
-            self._baselines[seeds] = refs
-        return dict(self._baselines[seeds])
+        return self._references(trajectories)
+
+    def _reference_success(self, seeds: tuple[int, ...]) -> dict[str, float]:
+        env = TextArenaEnv(self.game, self.kwargs)
+        refs = {"random": policy_success(env, env.sample_action, seeds, self.baseline_plays)}
+        if isinstance(unwrapped(env._env), _bisectable()):
+            refs["bisect"] = policy_success(env, env.bisect_action, seeds, 1)
+        return refs
 
     def bisect_action(self, rng: random.Random) -> str:
         """Guess the Number's binary search: the middle of the range the hints leave."""
