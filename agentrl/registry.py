@@ -87,7 +87,8 @@ register_engine_kind = ENGINE_KINDS.register  # an engine kind: an EngineKind su
 BUILTIN_MODULES = ("agentrl.envs.frozen_lake", "agentrl.envs.sokoban", "agentrl.envs.math", "agentrl.envs.gem",
                    "agentrl.envs.minigrid",
                    "agentrl.envs.products", "agentrl.envs.multihop", "agentrl.envs.wait_walk",
-                   "agentrl.envs.reasoning_gym", "agentrl.envs.textarena",
+                   "agentrl.envs.reasoning_gym", "agentrl.envs.textarena", "agentrl.envs.openenv",
+                   "agentrl.envs.verifiers",
                    "agentrl.agents.chat", "agentrl.agents.math_retry",
                    "agentrl.agents.openai", "agentrl.agents.tool", "agentrl.algos.advantages",
                    "agentrl.algos.policy_losses", "agentrl.runtime.assembly.engine_kinds")

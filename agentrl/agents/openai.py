@@ -12,8 +12,8 @@ one sequence per segment (a history rewrite starts a new one). The function's re
 the episode's reward; None: the env's step rewards, each credited to the reply before the step.
 A reward posted to `/sessions/<id>/reward` counts when the function returns None.
 
-Tools (`agent.args.tools`, `tool_args`, `max_tool_calls`, `tool_timeout`, `needs_tools`: the tool agent's names and
-meanings, agents/tool.py): the function passes `tools=[t.schema for t in offered_tools().values()]`
+Tools (`agent.args.tools`, `tool_args`, `max_tool_calls`, `tool_timeout`, `needs_tools`, `mcp_servers`: the tool
+agent's names and meanings, agents/tool.py): the function passes `tools=[t.schema for t in offered_tools().values()]`
 to the client, gets the model's `<tool_call>` blocks back as `tool_calls` (the session server parses
 them), runs each with `await call_tool(call.function.name, call.function.arguments)` (the same tool
 functions, sandbox and errors as the tool agent) and answers with a `tool` message; the calls are
@@ -155,11 +155,12 @@ class OpenAIAgent:
     def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int, system_prompt: str | None = None,
                  budget: TokenBudget | None = None, entry: str = "", timeout: float = 600.0,
                  tools: Sequence[str] = (), tool_args: dict[str, dict] | None = None, max_tool_calls: int = 4,
-                 tool_timeout: float = 30.0, needs_tools: bool | None = None) -> None:
+                 tool_timeout: float = 30.0, needs_tools: bool | None = None,
+                 mcp_servers: list[dict] | None = None) -> None:
         self.run_fn = resolve_entry(entry)
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"agent.args.timeout={timeout!r} must be a positive number of seconds")
-        self.tools = offer_tools(tools, tool_args, tool_timeout, needs_tools)
+        self.tools = offer_tools(tools, tool_args, tool_timeout, needs_tools, mcp_servers)
         check_int("max_tool_calls", max_tool_calls, 0)
         self.max_tool_calls, self.tool_timeout, self.needs_tools = max_tool_calls, float(tool_timeout), needs_tools
         self.tokenizer = tokenizer

@@ -23,6 +23,7 @@ included), `tools/timeouts` and `tools/used` (0 or 1) per episode, and `tools/su
 or `tools/success_without_tool` (the episode's success, under the one that applies): averaged
 per tag they are the rates the logs show as `env/<tag>/tools/...` and `eval/<tag>/tools/...`.
 With no tools (`tools: []`) the agent is the chat agent: the same model and recipe, tools off.
+`mcp_servers` adds the tools of MCP servers (agentrl/tools/mcp.py), run and counted as ours.
 
 A task that cannot be solved without its tools says so: the env with a `needs_tools = True`
 attribute, or the config with `agent.args.needs_tools=true` (which overrides the env's). The
@@ -51,7 +52,7 @@ from agentrl.llm.tool_calls import OPEN, ToolCall, call_text, parse_tool_calls
 from agentrl.registry import TOOLS, register_agent
 from agentrl.tokenizer import Tokenizer
 from agentrl.tools import Tool
-from agentrl.tools.tool import ToolUsage, answer_call
+from agentrl.tools.tool import ToolUsage, answer_call, checking_only
 from agentrl.trajectory import Task, Trajectory
 
 TRUNCATE_SIDES = ("left", "right", "middle")
@@ -65,7 +66,8 @@ class ToolAgent(TurnAgent):
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
                  tools: Sequence[str] = (), tool_args: dict[str, dict] | None = None, max_tool_calls: int = 4,
                  tool_timeout: float = 30.0, max_tool_response_length: int = 1024,
-                 tool_response_truncate_side: str = "left", needs_tools: bool | None = None) -> None:
+                 tool_response_truncate_side: str = "left", needs_tools: bool | None = None,
+                 mcp_servers: list[dict] | None = None) -> None:
         # Arguments are rejected with ValueError, as every agent's (the run names the config key), before
         # any other work (a bad tool setting is refused before the tokenizer is touched).
         check_max_turns(max_turns)
@@ -74,7 +76,7 @@ class ToolAgent(TurnAgent):
         if tool_response_truncate_side not in TRUNCATE_SIDES:
             raise ValueError(f"tool_response_truncate_side={tool_response_truncate_side!r}; expected one of "
                              f"{', '.join(TRUNCATE_SIDES)}")
-        self.tools = offer_tools(tools, tool_args, tool_timeout, needs_tools)
+        self.tools = offer_tools(tools, tool_args, tool_timeout, needs_tools, mcp_servers)
         super().__init__(tokenizer, sampling, max_turns, system_prompt, budget)
         self.max_tool_calls = max_tool_calls
         self.tool_timeout = float(tool_timeout)
@@ -88,8 +90,12 @@ class ToolAgent(TurnAgent):
     @classmethod
     def corpus_texts(cls, args: dict) -> list[str]:
         """Fixed text this agent writes, for training the embedded model's tokenizer: the tools'
-        schemas, and a call of each."""
+        schemas (its MCP servers' too, which are started for it), and a call of each."""
         tools = resolve_tools(args.get("tools", ()), args.get("tool_args"))
+        if args.get("mcp_servers") and not checking_only():
+            from agentrl.tools.mcp import mcp_tools, parse_servers
+
+            tools.update(mcp_tools(parse_servers(args["mcp_servers"]), tools))
         return [text for t in tools.values() for text in (json.dumps(t.schema), call_text(t.name, {}))]
 
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory | list[Trajectory]:
@@ -196,9 +202,10 @@ class ToolEpisode(Episode):
 
 
 def offer_tools(tools: Sequence[str], tool_args: dict[str, dict] | None, tool_timeout: float,
-                needs_tools: bool | None) -> dict[str, Tool]:
-    """An agent's tools, checked and started (a tool that cannot run here says so now); ValueError
-    with one line for a bad setting, as every agent argument."""
+                needs_tools: bool | None, mcp_servers: list[dict] | None = None) -> dict[str, Tool]:
+    """An agent's tools, checked and started (a tool that cannot run here says so now), then the
+    tools of its MCP servers (agentrl/tools/mcp.py; connected except in the preflight, which only
+    checks the entries); ValueError with one line for a bad setting, as every agent argument."""
     if isinstance(tool_timeout, bool) or not isinstance(tool_timeout, (int, float)) or not tool_timeout > 0:
         raise ValueError(f"tool_timeout={tool_timeout!r}; expected seconds > 0")
     if needs_tools is not None and not isinstance(needs_tools, bool):
@@ -207,6 +214,12 @@ def offer_tools(tools: Sequence[str], tool_args: dict[str, dict] | None, tool_ti
         resolved = resolve_tools(tools, tool_args)
         for t in resolved.values():
             t.start()
+        if mcp_servers is not None:
+            from agentrl.tools.mcp import mcp_tools, parse_servers
+
+            specs = parse_servers(mcp_servers)
+            if specs and not checking_only():  # `agentrl plan` starts no server
+                resolved.update(mcp_tools(specs, resolved))
     except ConfigError as e:
         raise ValueError(str(e)) from None
     return resolved

@@ -5,6 +5,7 @@ runtime/ray/driver.py; either runtime hands back a run handle (runtime/handle.py
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -87,8 +88,11 @@ def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: To
     if cfg.runtime.kind == "ray":
         from agentrl.runtime.ray.driver import ray_trainer
 
-        with ray_trainer(cfg, run_dir, log, tokenizer, run_plan) as run:
-            yield run
+        try:
+            with ray_trainer(cfg, run_dir, log, tokenizer, run_plan) as run:
+                yield run
+        finally:  # the driver's own (its warm start's); the env managers' end with their processes
+            close_mcp_servers()
     else:
         # Imported here, as in `evaluate_checkpoint`: the parts pull in transformers' model stack
         # (seconds of CPU), which a run refused before any model (its config, its folder) never needs.
@@ -99,6 +103,7 @@ def placed(cfg: Config, run_dir: Path, log: Callable[[str], None], tokenizer: To
             yield trainer
         finally:  # the run is over, or died: what its engine started stops (vLLM servers)
             trainer.rollout.shutdown()
+            close_mcp_servers()
 
 
 def train(cfg: Config, resume: bool = False, log: Callable[[str], None] = print, tokenizer: Tokenizer | None = None,
@@ -137,3 +142,11 @@ def evaluate_checkpoint(run_dir: Path, overrides: list[str], log: Callable[[str]
             return ckpt, trainer.evaluate()
         finally:
             trainer.rollout.shutdown()
+            close_mcp_servers()
+
+
+def close_mcp_servers() -> None:
+    """Stop the MCP servers the run's agents started (agent.args.mcp_servers), if any."""
+    mcp = sys.modules.get("agentrl.tools.mcp")  # never imported: none was started
+    if mcp is not None:
+        mcp.close_servers()

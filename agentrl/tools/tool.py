@@ -106,15 +106,7 @@ class Tool:
         else:  # a thread; abandoned (not stopped) at the timeout
             call = asyncio.ensure_future(asyncio.to_thread(self.fn, **kwargs))
         try:
-            done, _ = await asyncio.wait({call}, timeout=timeout)
-        finally:
-            if not call.done():  # past its time, or the episode is stopping: the call stops too
-                call.cancel()
-                await asyncio.wait({call})
-        if not done:
-            raise ToolTimeout(f"{self.name} did not answer within {timeout:g} s and was stopped")
-        try:
-            result = call.result()
+            result = await within(call, timeout, self.name)
         except ToolError:
             raise
         except BaseException as e:  # the tool's own failure: the model hears it, the run goes on
@@ -122,6 +114,19 @@ class Tool:
                 raise  # KeyboardInterrupt on the main thread, GeneratorExit: not the tool's to answer
             raise ToolError(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from e
         return result if isinstance(result, str) else json.dumps(result, default=str)
+
+
+async def within(call: asyncio.Future[Any], timeout: float | None, name: str) -> Any:
+    """`call`'s result; ToolTimeout past `timeout` seconds, the call cancelled and awaited."""
+    try:
+        done, _ = await asyncio.wait({call}, timeout=timeout)
+    finally:
+        if not call.done():  # past its time, or the episode is stopping: the call stops too
+            call.cancel()
+            await asyncio.wait({call})
+    if not done:
+        raise ToolTimeout(f"{name} did not answer within {timeout:g} s and was stopped")
+    return call.result()
 
 
 # Set while the preflight (`agentrl plan`, and the start of every run) builds agents only to check
