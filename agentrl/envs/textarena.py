@@ -58,6 +58,11 @@ knows the game's moves (Guess the Number: an unguessed number in range; FrozenLa
 stays on the grid; Tower of Hanoi: a legal disk move; Minesweeper: an unrevealed cell), else one
 of the bracketed moves the game's text has shown this episode (its examples and action lists).
 
+## Demonstration
+The warm start plays `demonstration`: Guess the Number's binary search (the hints followed: a
+"higher" raises the next guess), so the model is shown reading the hints, not GEM-style random
+guesses; for the other games a random valid move (`sample_action`), which teaches the format only.
+
 ## Arguments
 `game` (a TextArena env id), `kwargs` (keyword arguments for `textarena.make`, e.g.
 `{max_number: 10, max_turns: 4}`), `baseline_plays`.
@@ -223,6 +228,12 @@ class TextArenaEnv:
         for guess, hint in game.state.game_state["guess_history"]:
             lo, hi = (max(lo, guess + 1), hi) if hint == "higher" else (lo, min(hi, guess - 1))
         return f"[{(lo + hi) // 2}]"
+
+    def demonstration(self, rng: random.Random, tools: tuple[str, ...]) -> list[str]:
+        """The warm start's reply: Guess the Number's binary search (the hints followed), else a random valid move."""
+        if self._env is not None and not self._done and isinstance(unwrapped(self._env), _bisectable()):
+            return [self.bisect_action(rng)]
+        return [self.sample_action(rng)]
 
     def close(self) -> None:
         """End the episode (TextArena's single-player games hold nothing to release)."""

@@ -5,14 +5,15 @@ carrying a uniformly random valid action in the episode's current state (`env.sa
 Running the ordinary agent with it yields trajectories in exactly the token layout training
 uses, for the warm start.
 
-An env whose task needs tools may demonstrate their use: `env.demonstration(rng, tools)` gives
-the replies of one env step when the agent offers the tools named in `tools`: tool calls, each
+An env may demonstrate better than at random: `env.demonstration(rng, tools)` gives the replies
+of one env step, knowing the tools the agent offers (`tools`, empty for an agent without any): a
+scripted expert's action (MiniGrid's BabyAI bot), or, for a task that needs tools, tool calls, each
 a dict `{"name": ..., "arguments": {...}}` that the client writes in the model's own format (a
 `<tool_call>` block, `llm/tool_calls.py`), then the action (a string). The client answers the
 episode's next prompts with them in order: the tool agent runs each call and answers it with
 the tool's real output before the next reply, so a demonstration holds the call, the tool's
-answer and the action that uses it. An env without `demonstration` (or one offered no tools)
-answers with `sample_action` alone. A demonstration makes at most the agent's `max_tool_calls`.
+answer and the action that uses it. An env without `demonstration` answers with `sample_action`
+alone. A demonstration makes at most the agent's `max_tool_calls`.
 """
 
 from __future__ import annotations
@@ -95,10 +96,10 @@ class ScriptedClient:
 
 def demonstration(env: Any, rng: random.Random, tools: Sequence[str]) -> list[str]:
     """The replies of one env step of a demonstration: `env.demonstration(rng, tools)` (tool
-    calls written as the model writes them, then the action) where the env has it and tools are
-    offered, else `[env.sample_action(rng)]`."""
+    calls written as the model writes them, then the action) where the env has it, else
+    `[env.sample_action(rng)]`."""
     demo = getattr(env, "demonstration", None)
-    steps = list(demo(rng, tuple(tools))) if tools and callable(demo) else [env.sample_action(rng)]
+    steps = list(demo(rng, tuple(tools))) if callable(demo) else [env.sample_action(rng)]
     replies = [call_text(s["name"], s.get("arguments", {})) if isinstance(s, dict) and isinstance(s.get("name"), str)
                else s for s in steps]
     if not replies or not all(isinstance(r, str) for r in replies) or not isinstance(steps[-1], str):

@@ -49,3 +49,18 @@ def test_demo_replies_follow_each_episodes_own_state(tiny_tokenizer):
             expected += math.log(len(valid))
     assert moves == set(range(len(ACTION_NAMES)))  # random, not one fixed move
     assert client.reply_entropy == pytest.approx(expected)
+
+
+def test_an_env_that_demonstrates_is_demonstrated_without_tools(tiny_tokenizer):
+    # MiniGrid's BabyAI levels demonstrate with the scripted bot: a chat agent (no tools) is shown
+    # the bot's actions, so the demonstrations solve what the bot solves, not a random policy's 0.04.
+    from agentrl.envs.minigrid import MiniGridTextEnv
+
+    def make():
+        return MiniGridTextEnv("BabyAI-GoToObj-v0", {"max_steps": 12})
+
+    client = ScriptedClient(tiny_tokenizer, make)
+    agent = ChatAgent(tiny_tokenizer, SamplingParams(max_new_tokens=8), max_turns=12)
+    trajs = RolloutCollector.single(client.env_factory, agent, client).collect(make_tasks(0, 0, 8, 1)).trajectories
+    solved = sum(t.success for t in trajs) / len(trajs)
+    assert solved == make().eval_baselines(trajs)["bot"] > 0.5
