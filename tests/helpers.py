@@ -60,18 +60,39 @@ def nodelay_client(**kw):
 
 
 # Built-in env types that wrap an optional suite: env name -> the module its extra installs.
-SUITE_MODULES = {"gem": "gem", "minigrid": "minigrid", "reasoning_gym": "reasoning_gym"}
+SUITE_MODULES = {"gem": "gem", "minigrid": "minigrid", "reasoning_gym": "reasoning_gym", "openenv": "openenv"}
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Built-in env types that cannot be made without arguments (a server, an environment to load): the
+# ones the checks give them, the repository's own example server and test environment.
+ENV_ARGS = {
+    "openenv": {"app": os.path.join(_ROOT, "examples", "openenv_server.py") + ":app"},
+    "verifiers": {"load": "vf_arith:load_environment",
+                  "paths": [os.path.join(_ROOT, "tests", "envs", "verifiers_envs")]},
+}
+
+
+def builtin_env(name):
+    """A factory of the built-in env `name`, given the arguments it cannot do without (ENV_ARGS)."""
+    from agentrl.registry import ENVS
+
+    cls, args = ENVS.get(name), ENV_ARGS.get(name, {})
+    return lambda: cls(**args)
 
 
 def env_param(name):
-    """`name` as a pytest param, skipped with the reason when its suite is not installed."""
+    """`name` as a pytest param, skipped with the reason when its suite (or environment) is not installed."""
     import importlib.util
 
     import pytest
 
     module = SUITE_MODULES.get(name)
     missing = module is not None and importlib.util.find_spec(module) is None
-    return pytest.param(name, marks=pytest.mark.skipif(missing, reason=f"{module} is not installed"))
+    reason = f"{module} is not installed"
+    if name == "verifiers":
+        from agentrl.envs.verifiers import VENV, verifiers_python
+
+        missing, reason = not os.path.isfile(verifiers_python()), VENV
+    return pytest.param(name, marks=pytest.mark.skipif(missing, reason=reason))
 
 
 @contextlib.contextmanager

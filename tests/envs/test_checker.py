@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from helpers import env_param
+from helpers import builtin_env, env_param
 
 from agentrl.envs.checker import ADVERSARIAL_REPLIES, EnvCheckError, acheck_env, builtin_env_names, check_env
 from agentrl.envs.frozen_lake import FrozenLakeEnv
@@ -32,7 +32,7 @@ def test_builtin_env_configurations_pass(case):
 
 @pytest.mark.parametrize("name", [env_param(n) for n in builtin_env_names()])
 def test_every_registered_builtin_env_passes_with_its_defaults(name):
-    check_env(ENVS.get(name))
+    check_env(builtin_env(name))
 
 
 def test_builtin_names_cover_our_envs_only():

@@ -12,14 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import env_param
+from helpers import builtin_env, env_param
 
 from agentrl.envs.checker import builtin_env_names
 from agentrl.envs.frozen_lake import FrozenLakeEnv
 from agentrl.envs.sokoban import SokobanEnv
-from agentrl.registry import ENVS
 
-FACTORIES = {name: ENVS.get(name) for name in builtin_env_names()}
+FACTORIES = {name: builtin_env(name) for name in builtin_env_names()}
 FACTORIES["frozen_lake random maps, slippery"] = lambda: FrozenLakeEnv(map_name=None, is_slippery=True)
 FACTORIES["sokoban 2 boxes, shaped"] = lambda: SokobanEnv(dim_room=[7, 7], num_boxes=2, max_steps=20,
                                                            progress_reward=1.0)
