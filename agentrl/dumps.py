@@ -145,6 +145,8 @@ class TrajectoryDumper:
             "ids": list(t.token_ids[:n]), "mask": "".join("1" if m else "0" for m in t.loss_mask[:n]),
             "ver": [t.versions[k] for k in gen],
         }
+        if t.role:
+            ep["role"] = t.role  # the seat of a game this sequence played (agents/game.py)
         if n < len(t.token_ids):
             ep["cut_at"] = n  # the episode was longer than the step's bound
         tools = tool_spans(t.info.get("tool_spans"), n)

@@ -22,6 +22,10 @@ class Task:
     greedy: bool = False
     tag: str = ""  # the env definition (custom_envs name) this episode plays; metrics go under it
     baseline: bool = False  # a greedy episode played for its reward only: its group's ReMax baseline
+    # Who plays a game's other roles (an env with two or more `roles`): "" the policy itself, in
+    # every role (self-play); "random" the env's random legal player (`sample_action`), the policy
+    # then playing one seat, `roles[group_id % len(roles)]` (evaluation against a fixed opponent).
+    opponent: str = ""
 
 
 @dataclass
@@ -126,6 +130,10 @@ class Trajectory:
     # history window, a history rewrite). Segment 0 stands for the episode in episode-level
     # stats: its return is the episode's (each segment carries the rewards of those after it).
     segment: int = 0
+    # The role this sequence played in a game of several roles (agents/game.py: one trajectory per
+    # role, each its own conversation); "" for an env without roles. Advantage groups are per
+    # (group, role): a seat of a game is compared with the same seat.
+    role: str = ""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

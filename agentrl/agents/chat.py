@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl.agents.game import play_episode
 from agentrl.agents.loop import Episode, TurnAgent, check_max_turns, start_conversation
 from agentrl.envs.base import Env
 from agentrl.errors import ConfigError
@@ -45,10 +46,9 @@ class ChatAgent(TurnAgent):
         self.history_length = history_length
 
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory | list[Trajectory]:
-        """Play one episode of `env` seeded by the task."""
-        obs, _ = await env.reset(seed=task.env_seed)
+        """Play one episode of `env` seeded by the task (a game: one trajectory per role, agents/game.py)."""
         episode = Episode if self.history_length is None else WindowedEpisode
-        return await episode(self, task, env, llm, obs).play()
+        return await play_episode(self, episode, task, env, llm)
 
 
 class WindowedEpisode(Episode):

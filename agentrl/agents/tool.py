@@ -43,6 +43,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from agentrl.agents.game import play_episode
 from agentrl.agents.loop import Episode, TurnAgent, check_max_turns, start_conversation
 from agentrl.envs.base import Env
 from agentrl.errors import ConfigError, did_you_mean
@@ -100,8 +101,7 @@ class ToolAgent(TurnAgent):
 
     async def run_episode(self, task: Task, env: Env, llm: LLMClient) -> Trajectory | list[Trajectory]:
         """Play one episode of `env` seeded by the task, calling tools between env steps."""
-        obs, _ = await env.reset(seed=task.env_seed)
-        return await ToolEpisode(self, task, env, llm, obs).play()
+        return await play_episode(self, ToolEpisode, task, env, llm)
 
 
     def call_ids(self, conv: Conversation, before: int, blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:

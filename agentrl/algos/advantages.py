@@ -85,6 +85,11 @@ def _check_form(name: str, fn: Callable[..., Any]) -> None:
                           "(advantages, returns)")
 
 
+def uses_role_baselines(name: str) -> bool:
+    """Whether the estimator `name` reads running baselines per (game, role) (RAE)."""
+    return bool(getattr(ESTIMATORS.get(name), "role_baselines", False))
+
+
 def uses_greedy_baseline(name: str) -> bool:
     """Whether the estimator `name` needs one greedy episode per group as its baseline (ReMax)."""
     return bool(getattr(ESTIMATORS.get(name), "greedy_baseline", False))

@@ -36,6 +36,9 @@ class EstimatorInput:
     # (B,) float32: the reward of the group's greedy episode (estimators with greedy_baseline,
     # ReMax), NaN for a row without one; None when the run played no greedy episode
     reward_baselines: torch.Tensor | None = None
+    # (B,) float32: each row's running baseline of its (game, role) after its own return (estimators
+    # with role_baselines, RAE: outcome_estimators.RoleBaselines); None when the run keeps none
+    role_baselines: torch.Tensor | None = None
 
     def replace(self, **changes: Any) -> EstimatorInput:
         """A copy with `changes` applied (the record is frozen)."""

@@ -1,4 +1,4 @@
-"""Episode-level estimators under verl's names: opo, grpo_passk, gpg, remax.
+"""Episode-level estimators under verl's names: opo, grpo_passk, gpg, remax; and rae (SPIRAL).
 
 Same input record and contract as `agentrl.algos.advantages` (read its docstring): (B, T)
 float32 advantages and returns, zero where response_mask is 0. These four are outcome estimators in
@@ -26,9 +26,22 @@ is no per-turn baseline here, unlike grpo/rloo under turn credit.
   Called without baselines (a row with NaN, or None), b falls back to the mean score of the
   group's other episodes (independent of the episode, hence still unbiased; 0 for a group of
   one). `remax_advantages` is verl's formula exactly (masked to generated ids).
+- rae (Liu et al. 2025, SPIRAL's role-conditioned advantage estimation, arXiv 2506.24119): score
+  minus the running average of the scores of the same game and role (`RoleBaselines`;
+  `rae.role_baselines = True` makes the trainer keep the averages, `algorithm.rae_alpha`, and pass
+  them as `role_baselines`). Not normalised by a std, as SPIRAL. A row outside any game has the
+  role "", so for a one-role env rae is a running-mean baseline per env tag. In a zero-sum game
+  the seats do not win equally often (the first player of Tic Tac Toe wins more), so a baseline
+  per seat takes that role's bias out of the gradient of a policy that plays every seat. For each
+  trajectory, in batch order, its key's baseline moves first, b <- alpha * b + (1 - alpha) * R,
+  and the trajectory is scored against the moved baseline, A = R - b (SPIRAL's update, alpha =
+  0.95 there); a key's first baseline starts from 0. The averages are a checkpoint's: a resumed
+  run continues them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -131,3 +144,48 @@ def remax(x: EstimatorInput) -> Estimate:
 # The run plays one greedy episode per group for it (verl): a flag on the function, which
 # `uses_greedy_baseline` reads and a function's type does not declare.
 remax.greedy_baseline = True  # type: ignore[attr-defined]
+
+
+@register_estimator("rae")
+def rae(x: EstimatorInput) -> Estimate:
+    """RAE: score minus the running baseline of the row's game and role, on every generated id, (B, T)."""
+    if x.role_baselines is None:
+        raise ValueError("adv_estimator=rae needs role_baselines (the trainer keeps them per game and role; "
+                         "a caller of compute_advantages passes them in EstimatorInput.role_baselines)")
+    scores = episode_scores(x.token_rewards, x.response_mask, x.config)
+    return _spread(scores - x.role_baselines.to(scores.dtype), x.response_mask)
+
+
+# The trainer keeps a running baseline per (game, role) for it: a flag `uses_role_baselines` reads.
+rae.role_baselines = True  # type: ignore[attr-defined]
+
+
+class RoleBaselines:
+    """An exponential moving average of the return per key (a game's tag and a role)."""
+
+    def __init__(self, alpha: float = 0.95) -> None:
+        if not 0.0 <= alpha < 1.0:
+            raise ValueError(f"algorithm.rae_alpha={alpha!r}: expected a number in [0, 1)")
+        self.alpha = alpha
+        self.values: dict[str, float] = {}
+
+    def update(self, keys: Sequence[str], returns: torch.Tensor) -> torch.Tensor:
+        """Each row's baseline after its own return moved its key's average, (B,) float32."""
+        out = torch.empty(len(keys), dtype=torch.float32)
+        for i, (key, r) in enumerate(zip(keys, returns.tolist())):
+            b = self.alpha * self.values.get(key, 0.0) + (1.0 - self.alpha) * float(r)
+            self.values[key] = b
+            out[i] = b
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """`reward/rae_baseline/<key>` of every key seen."""
+        return {f"reward/rae_baseline/{key}": value for key, value in sorted(self.values.items())}
+
+    def state_dict(self) -> dict[str, float]:
+        """The averages, for a checkpoint."""
+        return dict(self.values)
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Continue from `state_dict`'s averages."""
+        self.values = {str(k): float(v) for k, v in state.items()}

@@ -42,7 +42,8 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"
     """Registered advantage estimator: grpo, rloo, reinforce_plus_plus,
     reinforce_plus_plus_baseline, gae (needs critic.enable=true), gigpo, and verl's episode-level
-    opo, grpo_passk (group_size >= 2), gpg, remax (leave-one-out baseline, no greedy rollout)."""
+    opo, grpo_passk (group_size >= 2), gpg, remax (leave-one-out baseline, no greedy rollout), and
+    rae (SPIRAL's role-conditioned baseline for games: a running average per game and role)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's reward std; false gives Dr. GRPO."""
     credit: Literal["outcome", "token", "turn"] = "turn"
@@ -57,6 +58,8 @@ class AlgorithmConfig:
     """GiGPO: weight of the step-level (same-state) advantage added to the episode-level one."""
     episode_adv_weight: float = 1.0
     """GiGPO: weight of the episode-level advantage; 0 leaves only same-state comparisons."""
+    rae_alpha: float = 0.95
+    """RAE: decay of each (game, role) running baseline, b <- alpha * b + (1 - alpha) * return (SPIRAL's 0.95)."""
     use_kl_in_reward: bool = False
     """Subtract kl_ctrl.kl_coef * KL(policy || reference) from each generated token's reward."""
     kl_penalty: Literal["kl", "abs", "mse", "low_var_kl"] = "kl"

@@ -108,6 +108,7 @@ RANGES: dict[str, Range] = {
     "algorithm.gamma": UNIT,
     "algorithm.lam": UNIT,
     "algorithm.step_adv_weight": Range(0.0, 1000.0),
+    "algorithm.rae_alpha": Range(0.0, 0.9999),
     "algorithm.episode_adv_weight": Range(0.0, 1000.0),
     "algorithm.kl_ctrl.kl_coef": Range(0.0, 1000.0),
     "algorithm.kl_ctrl.horizon": Range(1, 2**40, "samples"),

@@ -20,6 +20,10 @@ class Env(Protocol):
     tools (the `reward_without_tools` collapse alarm watches it; agentrl/health.py), and
     `demonstration(rng, tools)` gives the warm start's replies of one step when the agent offers
     `tools` (tool calls, then the action: rollout/demos.py).
+
+    A game declares `roles` (two or more names): its `reset` and every `step` that does not end it
+    name the role that acts next in `info["role"]`, and return that role's observation (what is
+    new for it); the step that ends it gives every role's reward in `info["rewards"]` (agents/game.py).
     """
 
     #: What the agent tells the model before the first observation (task and reply format).

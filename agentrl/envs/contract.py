@@ -85,6 +85,13 @@ def step_problem(result: Any, *, strict: bool = True, per_answer: bool = False) 
         return "episode end", f"ended the episode but info['success']={short(success)}; expected a bool"
     if "success" in info and not is_flag(success):
         return "step result", f"info['success']={short(success)}; expected a bool"
+    role = info.get("role")
+    if role is not None and not isinstance(role, str):
+        return "step result", f"info['role']={short(role)}; expected the name of the role that acts next (a str)"
+    per_role = info.get("rewards")
+    if per_role is not None and not (isinstance(per_role, dict) and all(
+            isinstance(k, str) and is_finite_number(v) for k, v in per_role.items())):
+        return "step result", f"info['rewards']={short(per_role)}; expected role names -> finite numbers"
     metrics = info.get("metrics")
     if metrics is not None:
         bad = ({k: v for k, v in metrics.items() if not (isinstance(k, str) and is_finite_number(v))}

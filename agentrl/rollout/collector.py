@@ -310,7 +310,7 @@ class RolloutCollector:
         failed_groups = {ep.task.group_id for ep in episodes if ep.out is None}
         kept = [ep.out for ep in episodes if ep.out is not None and ep.task.group_id not in failed_groups]
         result.trajectories = [traj for out in kept for traj in out]
-        result.segments = sum(len(out) - 1 for out in kept)
+        result.segments = sum(t.segment > 0 for out in kept for t in out)  # a game's seats are not segments
         result.failed_episodes = sum(ep.out is None for ep in episodes)
         result.dropped_groups = len(failed_groups)
         dropped = [ep.out for ep in episodes if ep.out is not None and ep.task.group_id in failed_groups]

@@ -78,9 +78,16 @@ def by_tag(trajs: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:
 
 
 def tag_metrics(trajs: list[Trajectory], prefix: str) -> dict[str, float]:
-    """`episode_stats` of each tag's trajectories, keyed `<prefix>/<tag>/<stat>`."""
-    return {f"{prefix}/{tag}/{key}": value
-            for tag, group in by_tag(trajs).items() for key, value in episode_stats(group).items()}
+    """`episode_stats` of each tag's trajectories, keyed `<prefix>/<tag>/<stat>`, and in a game of
+    several roles of each role's, keyed `<prefix>/<tag>/role/<role>/<stat>` (`win`, `draw`, `loss`
+    among them; each seat of a game counts as an episode)."""
+    out = {}
+    for tag, group in by_tag(trajs).items():
+        out.update({f"{prefix}/{tag}/{key}": value for key, value in episode_stats(group).items()})
+        for role in sorted({t.role for t in group if t.role}):
+            out.update({f"{prefix}/{tag}/role/{role}/{key}": value
+                        for key, value in episode_stats([t for t in group if t.role == role]).items()})
+    return out
 
 
 def truncation_metrics(trajs: list[Trajectory]) -> dict[str, float]:

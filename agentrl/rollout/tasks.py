@@ -90,9 +90,11 @@ class TaskSource:
 
     def evaluation(self) -> list[Task]:
         """The held-out evaluation episodes: one greedy episode per entry of `val_tags`, the same
-        ones at every evaluation."""
-        return make_tasks(self.seed, EVAL_STEP, len(self.val_tags), 1, greedy=True, seed_base=EVAL_SEED_BASE,
-                          tags=self.val_tags)
+        ones at every evaluation (a game's against the random legal player)."""
+        # A game's evaluation plays the policy in one seat against the env's random legal player
+        # (agents/game.py); an env without roles ignores the opponent.
+        return [replace(t, opponent="random") for t in make_tasks(
+            self.seed, EVAL_STEP, len(self.val_tags), 1, greedy=True, seed_base=EVAL_SEED_BASE, tags=self.val_tags)]
 
     def demonstrations(self, step: int, tags: Sequence[str]) -> list[Task]:
         """One warm-start batch: an episode per entry of `tags`, each with its own env seed."""

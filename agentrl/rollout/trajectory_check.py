@@ -90,6 +90,8 @@ def trajectory_problem(t: Trajectory, task: Task, vocab_size: int | None = None,
             return f"returned {name}={short(getattr(t, name))}; expected an int >= 0"
     if not isinstance(t.info, dict):
         return f"returned info of type {type(t.info).__name__}; expected dict"
+    if not isinstance(t.role, str):
+        return f"returned role={short(t.role)}; expected the role's name (a str; \"\" outside a game)"
     if t.truncation_reason is not None and not isinstance(t.truncation_reason, str):
         return f"returned truncation_reason={short(t.truncation_reason)}; expected a string or None"
     if t.group_id != task.group_id or t.env_seed != task.env_seed:

@@ -76,8 +76,8 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
     rewards = torch.zeros((n, width))
     versions = torch.full((n, width), -1, dtype=torch.long)
     state_ids = torch.full((n, width), -1, dtype=torch.long)
-    states: dict[tuple[int, str], int] = {}
-    groups: dict[int, int] = {}
+    states: dict[tuple[int, str, str], int] = {}
+    groups: dict[tuple[int, str], int] = {}
     index = torch.zeros(n, dtype=torch.long)
     episode = torch.cumsum(torch.tensor([t.segment == 0 or i == 0 for i, t in enumerate(trajectories)]), 0) - 1
     for i, t in enumerate(trajectories):
@@ -90,11 +90,11 @@ def pack(trajectories: Sequence[Trajectory], pad_token_id: int) -> Batch:
         for pos, r in zip(t.reward_positions, t.rewards):
             if pos >= 0:
                 rewards[i, pos] += float(r)  # an int beyond int64 is still a number the batch holds
-        index[i] = groups.setdefault(t.group_id, len(groups))
+        index[i] = groups.setdefault((t.group_id, t.role), len(groups))  # a game's seats: a group per role
         start = 0
         for pos, key in zip(t.reward_positions, t.turn_states):
             if pos >= start:
-                state_ids[i, start:pos + 1] = states.setdefault((t.group_id, key), len(states))
+                state_ids[i, start:pos + 1] = states.setdefault((t.group_id, t.role, key), len(states))
                 start = pos + 1
     # Position 0 can never be predicted (no context): keep it out of every loss.
     mask[:, 0] = 0.0

@@ -24,11 +24,12 @@ from typing import Any
 
 import torch
 
-from agentrl.algos.advantages import compute_advantages
+from agentrl.algos.advantages import compute_advantages, uses_role_baselines
 from agentrl.algos.estimator import EstimatorInput
 from agentrl.algos.gae import bootstrap_truncated
 from agentrl.algos.kl_control import KLController
 from agentrl.algos.losses import kl_penalty, masked_mean
+from agentrl.algos.outcome_estimators import RoleBaselines, episode_scores
 from agentrl.config import Config, to_dict
 from agentrl.errors import CheckpointError, RolloutError
 from agentrl.metrics import MetricsLogger, Timer, plot_curves, write_summary
@@ -71,6 +72,9 @@ class Trainer:
         self.reference = reference
         self.critic = critic
         self.kl_ctrl = KLController(cfg.algorithm.kl_ctrl)
+        # RAE's running baseline per (game, role), kept only for an estimator that reads it
+        alg = cfg.algorithm
+        self.role_baselines = RoleBaselines(alg.rae_alpha) if uses_role_baselines(alg.adv_estimator) else None
         self.timer = Timer()
         self.step_idx = 0
         self.version = rollout.policy_version  # policy version of the weights the engine serves
@@ -139,7 +143,9 @@ class Trainer:
             with self.timer.scope("reward"):
                 metrics.update(self.reward(batch))
             with self.timer.scope("advantages"):
-                batch.advantages, batch.returns = self.advantages(batch)
+                batch.advantages, batch.returns = self.advantages(batch, result.trajectories)
+                if self.role_baselines is not None:
+                    metrics.update(self.role_baselines.metrics())
             with self.timer.scope("update"):
                 if self.critic is not None:
                     metrics.update(self.critic.update(batch))
@@ -225,14 +231,19 @@ class Trainer:
         self.kl_ctrl.update(float(seq_kl), n_steps=batch.size)
         return {"reward/kl_penalty": float(seq_kl), "reward/kl_coef": coef}
 
-    def advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Advantages and returns from the configured estimator."""
+    def advantages(self, batch: Batch, trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advantages and returns from the configured estimator (`trajs`: the batch's rows, whose
+        game and role key RAE's running baselines)."""
         alg, rewards = self.cfg.algorithm, batch.token_rewards
         if self.cfg.rollout.on_truncation == "bootstrap" and batch.values is not None and batch.truncated is not None:
             rewards = bootstrap_truncated(rewards, batch.values, batch.loss_mask, batch.truncated, alg.gamma)
+        role_baselines = None
+        if self.role_baselines is not None:
+            scores = episode_scores(rewards, batch.loss_mask, alg)
+            role_baselines = self.role_baselines.update([f"{t.tag}/{t.role}" for t in trajs], scores)
         return compute_advantages(alg.adv_estimator, EstimatorInput(
             rewards, batch.loss_mask, batch.group_index, batch.values, alg, batch.state_ids,
-            batch.reward_baselines))
+            batch.reward_baselines, role_baselines))
 
     def sync(self) -> None:
         """Push the updated weights to the engine, so the next rollouts use them."""
@@ -306,6 +317,7 @@ class Trainer:
         state = {"policy_version": self.version, **self.rollout.checkpoint(),
                  "rng": rng_state(), "summary": dict(self.summary),
                  "kl_coef": self.kl_ctrl.value, "health": self.watch.monitor.state_dict(),
+                 "role_baselines": self.role_baselines.state_dict() if self.role_baselines is not None else None,
                  "master_weights": self.actor.master.state_dict(),
                  "curriculum": curriculum.state_dict() if curriculum is not None else None,
                  "critic": self.critic.state_dict() if self.critic is not None else None}
@@ -329,6 +341,8 @@ class Trainer:
         self.step_idx = int(state["step"])
         self.summary = dict(state.get("summary", {}))
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
+        if self.role_baselines is not None:
+            self.role_baselines.load_state_dict(state.get("role_baselines") or {})
         if state.get("health"):
             self.watch.monitor.load_state_dict(state["health"])
         if self.critic is not None and state.get("critic") is not None:

@@ -1,5 +1,6 @@
 """TextArena's games through env.type=textarena: the contract, TextArena's text and rewards, own random
-numbers, the references, and games of several players refused."""
+numbers, the references, and games of more than two players refused (two-player games:
+test_textarena_games.py)."""
 
 import asyncio
 import random
@@ -155,8 +156,16 @@ def test_bad_arguments_are_one_line():
         TextArenaEnv(GUESS, baseline_plays=0)
 
 
-@pytest.mark.parametrize("game", ["TicTacToe-v0", "Snake-v0", "PublicGoodsGame-v0"])
-def test_games_of_several_players_are_refused_naming_the_multi_agent_issue(game):
-    with pytest.raises(ConfigError, match="several agents in one episode: the multi-agent issue, not yet built") as e:
+def test_a_two_player_game_has_roles_and_a_single_player_game_none():
+    assert TextArenaEnv("TicTacToe-v0").roles == ("player_0", "player_1") and TextArenaEnv(GUESS).roles == ()
+
+
+@pytest.mark.parametrize("game,why", [
+    ("Snake-v0", "its state is a FFAMultiPlayerState, not a TwoPlayerState"),  # 2 to 15 players
+    ("PublicGoodsGame-v0", "its state is a FFAMultiPlayerState"),
+    ("ThreePlayerTicTacToe-v0", "neither a one- nor a two-player game .*only works with exactly three players"),
+])
+def test_games_of_more_than_two_players_are_refused_in_one_line(game, why):
+    with pytest.raises(ConfigError, match=f"{why}.*agentrl plays TextArena's single-player games and its two") as e:
         TextArenaEnv(game)
     assert "\n" not in str(e.value)

@@ -133,12 +133,17 @@ FEATURES = {
         "model.warm_start.demo_pool=8", "rollout.temperature=0.3",
         "agent.args.tool_args.python.timeout=20", "rollout.max_new_tokens=48"],
                    "env/products/tools/calls"),
+    # a game in self-play (agents/game.py): one trajectory per seat, RAE's running baselines per seat
+    # on the trainer, the random opponent of evaluation (a barely warm-started model: short games)
+    "selfplay": ("configs/tictactoe_selfplay.yaml", ["model.warm_start.max_steps=2", "model.warm_start.batch_size=4",
+                                                     "trainer.test_freq=2", "trainer.eval_episodes=4"],
+                 "reward/rae_baseline/textarena/player_0"),
 }
 # The features run together, one pair of runs (local, ray) for each set: features of separate parts
 # (the agent's prompt, the advantage, the task draw) share one pair, and every feature of a pair is
 # checked as if it ran alone (its mark; no value differs). The critic is an advantage estimator as
 # GiGPO is, and the tool agent has a config of its own: each their own pair.
-PAIRS = [("history_window", "gigpo", "curriculum"), ("critic",), ("tool_agent",)]
+PAIRS = [("history_window", "gigpo", "curriculum"), ("critic",), ("tool_agent",), ("selfplay",)]
 assert sorted(f for pair in PAIRS for f in pair) == sorted(FEATURES), "every feature runs, once"
 
 
