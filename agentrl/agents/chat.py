@@ -34,6 +34,8 @@ class ChatAgent(TurnAgent):
     why (`env`, `max_turns`, `context` or `token_budget`).
     """
 
+    plays_games = True  # a game's roles each get a seat (agents/game.py)
+
     def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
                  history_length: int | None = None) -> None:

@@ -63,6 +63,8 @@ NOT_RUN = "not run"  # the span name of the calls past max_tool_calls (answered 
 class ToolAgent(TurnAgent):
     """The chat agent with tools (see the module's docstring)."""
 
+    plays_games = True  # a game's roles each get a seat (agents/game.py), with tools between its turns
+
     def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, max_turns: int,
                  system_prompt: str | None = None, budget: TokenBudget | None = None,
                  tools: Sequence[str] = (), tool_args: dict[str, dict] | None = None, max_tool_calls: int = 4,

@@ -390,11 +390,14 @@ def rollout_metrics(result: CollectResult, batch: Batch) -> dict[str, float]:
     rewards = torch.tensor([t.total_reward for t in eps])
     mask = batch.loss_mask
     diff = (batch.behaviour_logprobs - need(batch.old_logprobs, "old_logprobs")).abs() * mask
-    greedy = {}
+    extra = {}
     if batch.reward_baselines is not None:  # ReMax's greedy episodes (played, not trained)
-        greedy = {"reward/greedy_baseline": float(batch.reward_baselines.nanmean())}
+        extra["reward/greedy_baseline"] = float(batch.reward_baselines.nanmean())
+    for role in sorted({t.role for t in trajs if t.role}):  # a game's seats: each seat's ids as its engine sampled them
+        rows = torch.tensor([t.role == role for t in trajs])
+        extra[f"policy/logprob_diff_max/{role}"] = float(diff[rows].max())
     return {
-        **greedy,
+        **extra,
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(eps) > 1 else 0.0,
         "reward/max": float(rewards.max()),

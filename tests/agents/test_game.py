@@ -185,3 +185,14 @@ def test_a_history_window_plays_each_seat_as_its_kind_does(tiny_tokenizer):
     assert [t.rewards for t in trajs] == [[1.0], [1.0], [-1.0]]  # each segment: the seat's return from there
     last = tiny_tokenizer.decode(trajs[1].token_ids)
     assert "second took 2" in last and "pile 5" not in last  # the window: only the observation of its turn
+
+
+def test_an_agent_that_plays_no_games_is_refused_in_one_line_before_the_run():
+    pytest.importorskip("textarena")
+    from agentrl.config import load_config
+    from agentrl.errors import ConfigError
+    from agentrl.runtime.assembly.preflight import preflight
+
+    with pytest.raises(ConfigError, match=r"agent.type='math_retry' does not play games.*player_0, player_1") as e:
+        preflight(load_config("configs/tictactoe_selfplay.yaml", ["agent.type=math_retry"]))
+    assert "\n" not in str(e.value)

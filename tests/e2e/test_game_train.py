@@ -53,6 +53,7 @@ def test_both_seats_train_on_the_engines_ids(run):
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert "reward/rae_baseline/textarena/player_0" in r  # RAE's running baseline of the seat
+        assert r["policy/logprob_diff_max/player_0"] < 1e-3  # the seat's ids, scored as its engine sampled them
         for role in ROLES:  # a finished game is a win, a draw or a loss for each seat
             if f"env/textarena/role/{role}/win" in r:
                 outcome = sum(r[f"env/textarena/role/{role}/{k}"] for k in ("win", "draw", "loss"))

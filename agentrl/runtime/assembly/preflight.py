@@ -20,9 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
+from agentrl.agents.game import is_game
 from agentrl.config import Config
 from agentrl.errors import ConfigError, RegistryError, shown
-from agentrl.registry import CURRICULUM_RULES, ESTIMATORS, load_builtins
+from agentrl.registry import AGENTS, CURRICULUM_RULES, ESTIMATORS, load_builtins
 from agentrl.runtime.assembly.engine_kinds import engine_kind
 from agentrl.runtime.assembly.engines import check_serving
 from agentrl.runtime.assembly.envs import import_user_modules, make_agent, make_env_factories, tag_plans
@@ -44,8 +45,26 @@ def preflight(cfg: Config) -> tuple[dict[str, Callable[[], Any]], tuple[TagPlan,
     factories = make_env_factories(cfg)
     tags = tag_plans(cfg)  # agent types and argument names
     check_agent_args(cfg, tags)
+    check_games(factories, tags)
     check_serving(cfg, kind)  # the engine kind's checks (servers answer), OpenAI-client agents' entries import
     return factories, tags, kind
+
+
+def check_games(factories: dict[str, Callable[[], Any]], tags: tuple[TagPlan, ...]) -> None:
+    """A game (an env with two or more roles) only with an agent that plays one seat per role (agents/game.py)."""
+    for tag in tags:
+        if getattr(AGENTS.get(tag.agent_type), "plays_games", False) or tag.seed_style:
+            continue
+        env = factories[tag.tag]()
+        try:
+            if is_game(env):
+                raise ConfigError(f"{tag.agent_section}.type={shown(tag.agent_type)} does not play games: env "
+                                  f"{shown(tag.env_type)} is one of roles {', '.join(env.roles)}; "
+                                  "use agent.type=chat or tool (one conversation per role)")
+        finally:
+            close = getattr(env, "close", None)
+            if callable(close):
+                close()
 
 
 def check_estimator(cfg: Config) -> None:
