@@ -26,6 +26,9 @@ def test_a_qwen_shaped_folder_trains_one_step_in_bfloat16(tmp_path):
         # One group of two episodes: the 151,936-row head makes every trained sequence cost; the
         # budget above still splits them into micro-batches of their own.
         "rollout.batch_size=2", "rollout.group_size=2", "actor.ppo_mini_batch_size=2", "actor.micro_batch_size=2",
+        # Every generated id costs a pass through that head in bfloat16 (emulated on a CPU without
+        # it): a few ids a reply, and no evaluation (the rollout already generates in bfloat16).
+        "rollout.max_new_tokens=4", "trainer.test_freq=0",
         "env.max_turns=1", "env.args.max_steps=1", "trainer.total_steps=1", "trainer.eval_episodes=2", "trainer.progress=false",
         "trainer.logger=[jsonl]", f"run_dir={run}"])
     summary = train(cfg, log=lambda m: None)
