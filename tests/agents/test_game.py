@@ -194,5 +194,5 @@ def test_an_agent_that_plays_no_games_is_refused_in_one_line_before_the_run():
     from agentrl.runtime.assembly.preflight import preflight
 
     with pytest.raises(ConfigError, match=r"agent.type='math_retry' does not play games.*player_0, player_1") as e:
-        preflight(load_config("configs/tictactoe_selfplay.yaml", ["agent.type=math_retry"]))
+        preflight(load_config("configs/tictactoe_selfplay.yaml", ["agent.type=math_retry", "agent.args={}"]))
     assert "\n" not in str(e.value)
