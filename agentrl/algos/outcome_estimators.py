@@ -35,8 +35,9 @@ is no per-turn baseline here, unlike grpo/rloo under turn credit.
   per seat takes that role's bias out of the gradient of a policy that plays every seat. For each
   trajectory, in batch order, its key's baseline moves first, b <- alpha * b + (1 - alpha) * R,
   and the trajectory is scored against the moved baseline, A = R - b (SPIRAL's update, alpha =
-  0.95 there); a key's first baseline starts from 0. The averages are a checkpoint's: a resumed
-  run continues them.
+  0.95 there); a key's first baseline starts from 0. An episode played as several sequences (a
+  history window: one per turn) moves it once, with its first sequence; the others read it. The
+  averages are a checkpoint's: a resumed run continues them.
 """
 
 from __future__ import annotations
@@ -169,12 +170,15 @@ class RoleBaselines:
         self.alpha = alpha
         self.values: dict[str, float] = {}
 
-    def update(self, keys: Sequence[str], returns: torch.Tensor) -> torch.Tensor:
-        """Each row's baseline after its own return moved its key's average, (B,) float32."""
+    def update(self, keys: Sequence[str], returns: torch.Tensor, moves: Sequence[bool] | None = None) -> torch.Tensor:
+        """Each row's baseline after its own return moved its key's average, (B,) float32.
+        `moves[i]` False: row i does not move it and reads the average as it stands (a later
+        sequence of an episode, after its first: one game moves its seat's average once)."""
         out = torch.empty(len(keys), dtype=torch.float32)
         for i, (key, r) in enumerate(zip(keys, returns.tolist())):
-            b = self.alpha * self.values.get(key, 0.0) + (1.0 - self.alpha) * float(r)
-            self.values[key] = b
+            b = self.values.get(key, 0.0)
+            if moves is None or moves[i]:
+                b = self.values[key] = self.alpha * b + (1.0 - self.alpha) * float(r)
             out[i] = b
         return out
 

@@ -240,7 +240,8 @@ class Trainer:
         role_baselines = None
         if self.role_baselines is not None:
             scores = episode_scores(rewards, batch.loss_mask, alg)
-            role_baselines = self.role_baselines.update([f"{t.tag}/{t.role}" for t in trajs], scores)
+            role_baselines = self.role_baselines.update([f"{t.tag}/{t.role}" for t in trajs], scores,
+                                                        [t.segment == 0 for t in trajs])
         return compute_advantages(alg.adv_estimator, EstimatorInput(
             rewards, batch.loss_mask, batch.group_index, batch.values, alg, batch.state_ids,
             batch.reward_baselines, role_baselines))

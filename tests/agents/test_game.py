@@ -169,6 +169,10 @@ def test_rae_scores_each_return_against_its_roles_running_baseline():
     adv, _ = compute_advantages("rae", EstimatorInput(rewards, mask, torch.arange(4), None,
                                                       AlgorithmConfig(credit="outcome"), role_baselines=b))
     assert torch.allclose(adv[:, 1], returns - b) and torch.allclose(adv[:, 1], adv[:, 2]) and (adv[:, 0] == 0).all()
+    # an episode of several sequences (a history window) moves its seat's average once, with its first
+    windowed = RoleBaselines(alpha=0.5)
+    assert windowed.update(["a", "a", "a", "a"], torch.tensor([1.0, 1.0, 1.0, -1.0]),
+                           [True, False, False, True]).tolist() == [0.5, 0.5, 0.5, -0.25]
     restored = RoleBaselines(alpha=0.5)
     restored.load_state_dict(baselines.state_dict())
     assert restored.update(["ttt/second"], torch.tensor([1.0])).tolist() == [0.25]  # the checkpoint continues it
