@@ -121,6 +121,7 @@ KNOWN_SINGLE = ("GuessTheNumber-v0", "FrozenLake-v0", "TowerOfHanoi-v0", "Minesw
                 "Sudoku-v0-easy", "Mastermind-v0", "Bandit-v0", "Blackjack-v0", "LightsOut-v0")
 _BRACKETED = re.compile(r"\[([^\[\]\n]{1,24})\]")  # a move as TextArena's texts write them: [5], [up], [A C]
 _ROLE_TAGS = {"GAME", "Player"}  # LLMObservationWrapper's senders, not moves
+_PLAYERS: dict[tuple[str, str], int] = {}  # (game, its kwargs) -> players, as `_count_players` found
 
 
 def import_textarena() -> Any:
@@ -171,7 +172,10 @@ class TextArenaEnv:
         self._text: dict[int, str] = {}
         self._done = True
         self._references = PerSeeds(self._reference_success)
-        self.players = self._count_players()
+        key = (game, repr(sorted(self.kwargs.items())))
+        if key not in _PLAYERS:  # one probe per game and arguments, not one per episode's env
+            _PLAYERS[key] = self._count_players()
+        self.players = _PLAYERS[key]
         self.roles: tuple[str, ...] = tuple(f"player_{p}" for p in range(self.players)) if self.players > 1 else ()
 
     def _count_players(self) -> int:
